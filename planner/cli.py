@@ -1,0 +1,104 @@
+"""The ``pipeplan`` command line: a thin layer over the Python API.
+
+Each verb lives in ``planner/commands/<verb>.py`` and registers itself on :data:`app`.
+Bad input anywhere becomes one line on stderr and exit code 2 (``--debug`` keeps the
+traceback); see :func:`main`.
+
+Example::
+
+    $ pipeplan profile examples/gpt.py -b 1,2,4
+    $ pipeplan --debug topology check topologies/nvlink.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+
+import typer
+
+try:  # typer >= 0.29 carries its own copy of click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click.exceptions import UsageError  # type: ignore[no-redef]
+
+from planner.errors import InputError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="pipeplan",
+    help=(
+        "Plan, simulate and run pipeline-parallel training of PyTorch models.\n\n"
+        "Example: pipeplan demo\n\n"
+        "Add --debug anywhere to see a full traceback on errors."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        print(f"pipeplan {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Plan, simulate and run pipeline-parallel training of PyTorch models."""
+
+
+def _register_commands() -> None:
+    # Imported here so that importing planner.cli stays cheap and a command module's
+    # heavy imports (torch, pulp) happen only when that module is registered.
+    from planner.commands import COMMAND_MODULES
+
+    for module in COMMAND_MODULES:
+        module.register(app)
+
+
+def fail(message: str, *, code: int = 2) -> None:
+    """Print one error line and exit: the single way errors leave the CLI."""
+    print(f"pipeplan: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``pipeplan`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    _register_commands()
+    try:
+        result = app(args=args, prog_name="pipeplan", standalone_mode=False)
+    except InputError as exc:
+        if debug:
+            traceback.print_exc()
+        fail(exc.one_line())
+    except UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        message = exc.format_message()
+        if not message:  # no arguments at all: the help text was already shown
+            raise SystemExit(2) from None
+        where = exc.ctx.command_path if exc.ctx is not None else "pipeplan"
+        fail(message if where == "pipeplan" else f"{where}: {message}")
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except (typer.Abort, KeyboardInterrupt):
+        fail("interrupted", code=130)
+    raise SystemExit(result if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""The one exception type that means "the user gave us bad input".
+
+The CLI turns an :class:`InputError` into a single line on stderr and exit code 2;
+anything else is a bug and keeps its traceback.
+
+Example::
+
+    raise InputError("expected a positive integer", file="plan.json", field="num_microbatches")
+"""
+
+from __future__ import annotations
+
+__all__ = ["InputError", "InfeasibleError"]
+
+
+class InputError(Exception):
+    """Bad user input: names the file and field at fault and what was expected."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.message = message
+        self.file = file
+        self.field = field
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """``file: field: message`` with the missing parts left out, on one line."""
+        parts = [str(p) for p in (self.file, self.field) if p]
+        text = ": ".join([*parts, self.message])
+        return " ".join(text.split())
+
+
+class InfeasibleError(InputError):
+    """The inputs are well formed but admit no plan (e.g. nothing fits in memory)."""

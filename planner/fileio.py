@@ -1,0 +1,92 @@
+"""Atomic output files and content hashes.
+
+Every file pipeplan writes goes through :func:`atomic_write_text`: the bytes land in a
+temporary file beside the target and are renamed over it, so a crash never leaves a
+half-written profile or plan behind.
+
+Example::
+
+    check_output_path("profiles/gpt.json")
+    atomic_write_json("profiles/gpt.json", {"schema": "pipeplan.profile/v1"})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_write_json",
+    "check_output_path",
+    "read_json",
+    "sha256_file",
+]
+
+
+def check_output_path(path: str | os.PathLike[str], *, field: str = "-o") -> Path:
+    """Fail early, before any expensive work, if ``path`` cannot be written."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(
+            f"output folder {str(parent)!r} does not exist; create it or choose another path",
+            file=str(target),
+            field=field,
+        )
+    if target.is_dir():
+        raise InputError("is a folder; expected a file path", file=str(target), field=field)
+    return target
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file and rename."""
+    target = check_output_path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file, turning a missing file or bad syntax into an :class:`InputError`."""
+    source = Path(path)
+    if not source.is_file():
+        raise InputError("file does not exist", file=str(source))
+    try:
+        return json.loads(source.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid JSON ({exc})", file=str(source)) from None
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

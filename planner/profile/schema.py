@@ -1,0 +1,331 @@
+"""The profile format (``pipeplan.profile/v1``): per-layer costs of one model.
+
+A :class:`Profile` is what ``pipeplan profile`` measures and ``pipeplan import pipedream``
+converts; the simulator and solver read nothing else about the model. Times are in
+milliseconds on the profiling device, sizes in bytes.
+
+Example::
+
+    profile = load_profile("profiles/gpt.json")
+    m = profile.measurement(4)                  # microbatch size 4
+    m.layers[0].forward_ms, profile.cut_bytes(4, 0)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import InputError
+from planner.fileio import atomic_write_json, read_json
+
+__all__ = [
+    "SCHEMA",
+    "Layer",
+    "LayerTiming",
+    "Measurement",
+    "Profile",
+    "load_profile",
+    "profile_from_dict",
+]
+
+SCHEMA = "pipeplan.profile/v1"
+
+_TIMING_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms")
+_BYTE_FIELDS = ("output_bytes", "saved_bytes")
+
+
+@dataclass
+class Layer:
+    """Static facts about one layer (independent of the microbatch size)."""
+
+    name: str
+    param_count: int
+    param_bytes: int
+    optimizer_state_bytes: int
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Gradients have the same size as the parameters they belong to."""
+        return self.param_bytes
+
+
+@dataclass
+class LayerTiming:
+    """Measured costs of one layer at one microbatch size."""
+
+    forward_ms: float
+    backward_ms: float
+    backward_input_ms: float
+    backward_weight_ms: float
+    output_bytes: int
+    saved_bytes: int
+    workspace_bytes: int = 0
+    # Spread of each timing over the repeats, e.g. {"forward_ms": [p25, p75]}.
+    spread: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "forward_ms": self.forward_ms,
+            "backward_ms": self.backward_ms,
+            "backward_input_ms": self.backward_input_ms,
+            "backward_weight_ms": self.backward_weight_ms,
+            "output_bytes": self.output_bytes,
+            "saved_bytes": self.saved_bytes,
+        }
+        if self.workspace_bytes:
+            out["workspace_bytes"] = self.workspace_bytes
+        if self.spread:
+            out["spread"] = self.spread
+        return out
+
+
+@dataclass
+class Measurement:
+    """All layers' costs at one microbatch size."""
+
+    microbatch_size: int
+    input_bytes: int
+    layers: list[LayerTiming]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "microbatch_size": self.microbatch_size,
+            "input_bytes": self.input_bytes,
+            "layers": [t.to_dict() for t in self.layers],
+        }
+
+
+@dataclass
+class Profile:
+    """A model's per-layer profile; layers are in topological order."""
+
+    model: str
+    layers: list[Layer]
+    measurements: list[Measurement]
+    edges: list[tuple[int, int]] | None = None
+    source_sha256: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    torch_version: str = ""
+    optimizer: str = "adam"
+    # Free-form facts about how it was measured (repeat, warmup, threads, host, date, origin).
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def microbatch_sizes(self) -> list[int]:
+        return sorted(m.microbatch_size for m in self.measurements)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.edges is None
+
+    def measurement(self, microbatch_size: int) -> Measurement:
+        """The measurement for ``microbatch_size``; an InputError names the profiled sizes."""
+        for m in self.measurements:
+            if m.microbatch_size == microbatch_size:
+                return m
+        raise InputError(
+            f"microbatch size {microbatch_size} was not profiled; profiled sizes are "
+            f"{self.microbatch_sizes}",
+            field="microbatch_size",
+        )
+
+    def edge_list(self) -> list[tuple[int, int]]:
+        """Data-flow edges; a chain ``i -> i+1`` when the profile has none."""
+        if self.edges is None:
+            return [(i, i + 1) for i in range(self.num_layers - 1)]
+        return list(self.edges)
+
+    def cut_bytes(self, microbatch_size: int, after: int) -> int:
+        """Bytes that cross a cut between layers ``after`` and ``after + 1`` per microbatch.
+
+        On a chain that is layer ``after``'s output; on a DAG it is the output of every
+        layer at or before the cut with a consumer after it (each tensor sent once).
+        """
+        timings = self.measurement(microbatch_size).layers
+        if self.edges is None:
+            return timings[after].output_bytes
+        producers = {u for u, v in self.edges if u <= after < v}
+        return sum(timings[u].output_bytes for u in producers)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "model": self.model,
+            "source_sha256": self.source_sha256,
+            "device": self.device,
+            "dtype": self.dtype,
+            "torch_version": self.torch_version,
+            "optimizer": self.optimizer,
+            "layers": [
+                {
+                    "name": layer.name,
+                    "param_count": layer.param_count,
+                    "param_bytes": layer.param_bytes,
+                    "optimizer_state_bytes": layer.optimizer_state_bytes,
+                }
+                for layer in self.layers
+            ],
+            "measurements": [m.to_dict() for m in self.measurements],
+        }
+        if self.edges is not None:
+            out["edges"] = [list(e) for e in self.edges]
+        if self.meta:
+            out["meta"] = self.meta
+        return out
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the profile atomically as JSON."""
+        atomic_write_json(path, self.to_dict())
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read and validate a profile JSON file.
+
+    Example::
+
+        profile = load_profile("profiles/mlp.json")
+    """
+    return profile_from_dict(read_json(path), source=str(path))
+
+
+def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
+    """Validate a decoded profile; every problem is an InputError naming the field."""
+    v = _Validator(source)
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object at the top level", file=source)
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        v.fail("schema", f"expected {SCHEMA!r}, got {schema!r}")
+    raw_layers = v.list_of(data, "layers", "layers")
+    if not raw_layers:
+        v.fail("layers", "expected at least one layer")
+    layers = [
+        Layer(
+            name=str(v.get(item, "name", f"layers[{i}]")),
+            param_count=v.count(item, "param_count", f"layers[{i}]"),
+            param_bytes=v.count(item, "param_bytes", f"layers[{i}]"),
+            optimizer_state_bytes=v.count(item, "optimizer_state_bytes", f"layers[{i}]"),
+        )
+        for i, item in enumerate(raw_layers)
+    ]
+    edges = _edges(v, data.get("edges"), len(layers))
+    raw_measurements = v.list_of(data, "measurements", "measurements")
+    if not raw_measurements:
+        v.fail("measurements", "expected at least one microbatch size")
+    measurements = [
+        _measurement(v, item, f"measurements[{k}]", len(layers))
+        for k, item in enumerate(raw_measurements)
+    ]
+    sizes = [m.microbatch_size for m in measurements]
+    if len(set(sizes)) != len(sizes):
+        v.fail("measurements", f"microbatch sizes repeat: {sizes}")
+    return Profile(
+        model=str(data.get("model", "model")),
+        layers=layers,
+        measurements=sorted(measurements, key=lambda m: m.microbatch_size),
+        edges=edges,
+        source_sha256=data.get("source_sha256"),
+        device=str(data.get("device", "cpu")),
+        dtype=str(data.get("dtype", "float32")),
+        torch_version=str(data.get("torch_version", "")),
+        optimizer=str(data.get("optimizer", "adam")),
+        meta=dict(data.get("meta") or {}),
+    )
+
+
+def _edges(v: _Validator, raw: Any, n: int) -> list[tuple[int, int]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        v.fail("edges", "expected a list of [i, j] pairs")
+    edges: list[tuple[int, int]] = []
+    for k, pair in enumerate(raw):
+        ok = isinstance(pair, list | tuple) and len(pair) == 2
+        ok = ok and all(isinstance(x, int) and 0 <= x < n for x in pair)
+        if not ok or pair[0] >= pair[1]:
+            v.fail(
+                f"edges[{k}]",
+                f"expected [i, j] with 0 <= i < j < {n} (layers in topological order), got {pair}",
+            )
+        edges.append((pair[0], pair[1]))
+    return edges
+
+
+def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
+    size = v.count(item, "microbatch_size", where)
+    if size <= 0:
+        v.fail(f"{where}.microbatch_size", f"expected a positive integer, got {size}")
+    timings = v.list_of(item, "layers", where)
+    if len(timings) != n:
+        v.fail(f"{where}.layers", f"expected {n} entries (one per layer), got {len(timings)}")
+    layers = []
+    for i, t in enumerate(timings):
+        at = f"{where}.layers[{i}]"
+        ms = {name: v.number(t, name, at) for name in _TIMING_FIELDS}
+        sizes = {name: v.count(t, name, at) for name in _BYTE_FIELDS}
+        spread = t.get("spread") or {}
+        if not isinstance(spread, dict):
+            v.fail(f"{at}.spread", "expected an object")
+        layers.append(
+            LayerTiming(
+                forward_ms=ms["forward_ms"],
+                backward_ms=ms["backward_ms"],
+                backward_input_ms=ms["backward_input_ms"],
+                backward_weight_ms=ms["backward_weight_ms"],
+                output_bytes=sizes["output_bytes"],
+                saved_bytes=sizes["saved_bytes"],
+                workspace_bytes=v.count(t, "workspace_bytes", at, default=0),
+                spread={str(k): [float(x) for x in val] for k, val in spread.items()},
+            )
+        )
+    return Measurement(
+        microbatch_size=size,
+        input_bytes=v.count(item, "input_bytes", where, default=0),
+        layers=layers,
+    )
+
+
+class _Validator:
+    """Field access that fails with the file and the dotted field name."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, message: str) -> Any:
+        raise InputError(message, file=self.source, field=where)
+
+    def get(self, obj: Any, key: str, where: str) -> Any:
+        if not isinstance(obj, dict):
+            self.fail(where, "expected an object")
+        if key not in obj:
+            self.fail(f"{where}.{key}" if where != key else key, "missing")
+        return obj[key]
+
+    def list_of(self, obj: Any, key: str, where: str) -> list[Any]:
+        value = self.get(obj, key, where)
+        if not isinstance(value, list):
+            self.fail(where, "expected a list")
+        return value
+
+    def number(self, obj: Any, key: str, where: str) -> float:
+        value = self.get(obj, key, where)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            self.fail(f"{where}.{key}", f"expected a non-negative number, got {value!r}")
+        return float(value)
+
+    def count(self, obj: Any, key: str, where: str, default: int | None = None) -> int:
+        if default is not None and isinstance(obj, dict) and key not in obj:
+            return default
+        value = self.get(obj, key, where)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.fail(f"{where}.{key}", f"expected a non-negative integer, got {value!r}")
+        return int(value)
