@@ -58,13 +58,20 @@ def _root(
     """Plan, simulate and run pipeline-parallel training of PyTorch models."""
 
 
+_registered = False
+
+
 def _register_commands() -> None:
-    # Imported here so that importing planner.cli stays cheap and a command module's
-    # heavy imports (torch, pulp) happen only when that module is registered.
+    # Imported here so that importing planner.cli stays cheap; done once because tests call
+    # main() many times in one process and typer would otherwise add every verb again.
+    global _registered
+    if _registered:
+        return
     from planner.commands import COMMAND_MODULES
 
     for module in COMMAND_MODULES:
         module.register(app)
+    _registered = True
 
 
 def fail(message: str, *, code: int = 2) -> None:

@@ -1,0 +1,95 @@
+"""Point-to-point bandwidth and latency between local CPU processes over gloo (torch.distributed).
+
+The figures behind topologies/cpu.yaml: two processes on this machine exchange tensors with
+``dist.send``/``dist.recv`` (what ``pipeplan run --device cpu`` uses between stages); a
+ping-pong of 4-byte messages gives the latency, one-way streams of 1-64 MiB the bandwidth.
+
+Run::
+
+    .venv/bin/python bench/gloo_bandwidth.py            # table + bench/results/gloo_bandwidth.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+REPEATS = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    peer = 1 - rank
+    results: dict[str, object] = {}
+    small = torch.zeros(1, dtype=torch.float32)
+    lat = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(small, peer)
+            dist.recv(small, peer)
+        else:
+            dist.recv(small, peer)
+            dist.send(small, peer)
+        lat.append((time.perf_counter() - t0) / 2)
+    results["latency_us"] = statistics.median(lat[20:]) * 1e6
+    rows = []
+    for size in SIZES:
+        buf = torch.ones(size // 4, dtype=torch.float32)
+        times = []
+        for _ in range(REPEATS + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(small, peer)  # acknowledgement: the receiver has everything
+            else:
+                dist.recv(buf, peer)
+                dist.send(small, peer)
+            times.append(time.perf_counter() - t0)
+        best = statistics.median(times[2:])
+        rows.append({"bytes": size, "seconds": best, "gb_per_s": size / best / 1e9})
+    results["rows"] = rows
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    out = Path("bench/results/gloo_bandwidth.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    mp.spawn(_worker, args=(_free_port(), str(tmp)), nprocs=2, join=True)
+    data = json.loads(tmp.read_text())
+    tmp.unlink()
+    data["machine"] = f"{os.cpu_count()} CPU cores, torch {torch.__version__}, {sys.platform}"
+    print(f"gloo send/recv between 2 local processes ({data['machine']})")
+    print(f"latency (half round trip, 4 B): {data['latency_us']:.1f} us")
+    print(f"{'size':>10} {'ms':>9} {'GB/s':>7}")
+    for row in data["rows"]:
+        print(
+            f"{row['bytes'] / 2**20:>7.0f} MiB {row['seconds'] * 1e3:>9.2f} {row['gb_per_s']:>7.2f}"
+        )
+    out.write_text(json.dumps(data, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""``pipeplan topology show|check|detect``: look at, validate and discover machine topologies.
+
+Example::
+
+    $ pipeplan topology show topologies/dgx1-v100.yaml --svg dgx1.svg
+    $ pipeplan topology check topologies/two-node-ib.yaml
+    $ pipeplan topology detect -o topologies/mine.yaml
+    $ pipeplan topology detect --from-file tests/data/nvidia-smi/dgx-h100.txt
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["register", "topology_app"]
+
+topology_app = typer.Typer(
+    name="topology",
+    help=(
+        "Show, check and detect machine topologies (devices, switches, links).\n\n"
+        "Example: pipeplan topology show topologies/dgx1-v100.yaml"
+    ),
+    no_args_is_help=True,
+)
+
+_MATRIX_LIMIT = 24  # devices; larger matrices go to --json
+
+
+def _summary(topo: Topology) -> dict[str, Any]:
+    bw = topo.bandwidth_matrix()
+    finite = bw[~(bw == math.inf)]
+    return {
+        "name": topo.name,
+        "source": topo.source,
+        "devices": len(topo.devices),
+        "hosts": len(topo.hosts()),
+        "switches": len(topo.switches),
+        "links": topo.graph.number_of_edges(),
+        "min_bandwidth_bytes_per_s": float(finite.min()) if finite.size else None,
+        "max_bandwidth_bytes_per_s": float(finite.max()) if finite.size else None,
+    }
+
+
+def _details(topo: Topology) -> dict[str, Any]:
+    names = topo.device_names()
+    bw = topo.bandwidth_matrix()
+    lat = topo.latency_matrix()
+    return {
+        **_summary(topo),
+        "device_list": [
+            {
+                "name": d.name,
+                "memory_bytes": d.memory_bytes,
+                "speed": d.speed,
+                "host": d.host,
+                "kind": d.kind,
+            }
+            for d in topo.devices
+        ],
+        "order": names,
+        # JSON has no infinity: the diagonal (a device to itself) is null.
+        "bandwidth_bytes_per_s": [
+            [None if math.isinf(x) else float(x) for x in row] for row in bw.tolist()
+        ],
+        "latency_ms": lat.tolist(),
+        "normalized": topo.to_dict(),
+    }
+
+
+def _print_show(topo: Topology) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    console = Console()
+    s = _summary(topo)
+    console.print(
+        f"[bold]{topo.name}[/bold] ({topo.source}): {s['devices']} devices on {s['hosts']} "
+        f"host(s), {s['switches']} switches, {s['links']} links"
+    )
+    table = Table(title="Devices")
+    for column in ("device", "kind", "host", "memory", "speed"):
+        table.add_column(column, justify="right" if column in ("memory", "speed") else "left")
+    for d in topo.devices:
+        table.add_row(d.name, d.kind, d.host, format_bytes(d.memory_bytes), f"{d.speed:g}")
+    console.print(table)
+    names = topo.device_names()
+    if len(names) > _MATRIX_LIMIT:
+        console.print(
+            f"(bandwidth matrix of {len(names)} devices left out; use --json for all of it)"
+        )
+        return
+    matrix = Table(title="Bandwidth between devices, GB/s per direction (route bottleneck)")
+    matrix.add_column("")
+    for name in names:
+        matrix.add_column(name, justify="right")
+    for src in names:
+        cells = []
+        for dst in names:
+            cells.append("-" if src == dst else f"{topo.bandwidth(src, dst) / 1e9:.4g}")
+        matrix.add_row(src, *cells)
+    console.print(matrix)
+
+
+@topology_app.command("show")
+def show(
+    file: Path = typer.Argument(..., help="Topology YAML.", show_default=False),
+    svg: Path | None = typer.Option(
+        None, "--svg", help="Also draw the graph into this SVG file.", show_default=False
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print devices, bandwidth and latency matrices as JSON."
+    ),
+) -> None:
+    """Print the devices, the device-to-device bandwidth matrix and, with --svg, a picture.
+
+    Example: pipeplan topology show topologies/dgx1-v100.yaml --svg dgx1.svg
+    """
+    from planner.fileio import atomic_write_text, check_output_path
+    from planner.topology import load_topology
+
+    if svg is not None:
+        check_output_path(svg, field="--svg")
+    topo = load_topology(file)
+    if svg is not None:
+        from planner.topology_svg import topology_svg
+
+        atomic_write_text(svg, topology_svg(topo))
+    if as_json:
+        print(json.dumps(_details(topo), indent=1))
+        return
+    _print_show(topo)
+    if svg is not None:
+        print(f"wrote {svg}")
+
+
+@topology_app.command("check")
+def check(
+    file: Path = typer.Argument(..., help="Topology YAML.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    normalized: bool = typer.Option(
+        False, "--normalized", help="Print the normalised YAML (names expanded, units exact)."
+    ),
+) -> None:
+    """Validate a topology file: exit 0 and a summary line if good, else one error line, exit 2.
+
+    Example: pipeplan topology check topologies/two-node-ib.yaml
+    """
+    from planner.topology import load_topology
+    from planner.units import format_bandwidth
+
+    topo = load_topology(file)
+    if normalized:
+        print(topo.to_yaml(), end="")
+        return
+    s = _summary(topo)
+    if as_json:
+        print(json.dumps({"ok": True, **s}, indent=1))
+        return
+    spread = ""
+    if s["min_bandwidth_bytes_per_s"] is not None:
+        lo = format_bandwidth(s["min_bandwidth_bytes_per_s"])
+        hi = format_bandwidth(s["max_bandwidth_bytes_per_s"])
+        spread = f"; device-to-device bandwidth {lo} .. {hi}"
+    print(
+        f"ok: {file}: {topo.name!r}, {s['devices']} devices on {s['hosts']} host(s), "
+        f"{s['switches']} switches, {s['links']} links{spread}"
+    )
+
+
+@topology_app.command("detect")
+def detect(
+    from_file: list[Path] = typer.Option(
+        [],
+        "--from-file",
+        help=(
+            "Saved output of `nvidia-smi topo -m` and of `nvidia-smi --query-gpu=name,"
+            "memory.total --format=csv` (one file holding both, or two files). "
+            "Default: run nvidia-smi here."
+        ),
+        show_default=False,
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Write the topology YAML here (default: stdout).",
+        show_default=False,
+    ),
+    name: str = typer.Option("detected", "--name", help="Topology name."),
+    host: str = typer.Option("node0", "--host", help="Host name given to every GPU."),
+    memory: str | None = typer.Option(
+        None,
+        "--memory",
+        help="Memory per GPU, e.g. '80 GiB' (overrides the GPU list).",
+        show_default=False,
+    ),
+    speed: float = typer.Option(
+        1.0, "--speed", help="Speed of every GPU (1.0 = profiling device)."
+    ),
+    bandwidth: list[str] = typer.Option(
+        [],
+        "--bandwidth",
+        help="Override a link kind's bandwidth, e.g. 'SYS=8 GB/s' or 'NV=25 GB/s' (per NVLink).",
+        show_default=False,
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the normalised topology as JSON."),
+) -> None:
+    """Build a topology from nvidia-smi (this machine's, or saved outputs via --from-file).
+
+    Link kinds map to NCCL's default bandwidths (docs/topology.md): NV# = # NVLinks,
+    PIX/PXB/PHB/NODE = the GPU's PCIe link, SYS = at most 10 GB/s between sockets.
+
+    Example: pipeplan topology detect --from-file topo.txt --from-file gpus.csv -o mine.yaml
+    """
+    from planner.errors import InputError
+    from planner.fileio import atomic_write_text, check_output_path
+    from planner.topology_detect import (
+        detect_topology,
+        parse_bandwidth_overrides,
+        run_nvidia_smi,
+    )
+    from planner.units import parse_bytes
+
+    if output is not None:
+        check_output_path(output)
+    if not (speed > 0 and math.isfinite(speed)):
+        raise InputError(f"expected a positive number; got {speed}", field="--speed")
+    memory_bytes = None
+    if memory is not None:
+        memory_bytes = parse_bytes(memory, field="--memory")
+        if memory_bytes <= 0:
+            raise InputError(f"expected a positive size; got {memory!r}", field="--memory")
+    overrides = parse_bandwidth_overrides(bandwidth)
+    for kind, value in overrides.items():
+        if value <= 0:
+            raise InputError(f"expected a positive bandwidth for {kind}", field="--bandwidth")
+    if from_file:
+        texts = []
+        for path in from_file:
+            if not path.is_file():
+                raise InputError("file does not exist", file=str(path), field="--from-file")
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                raise InputError("not a text file", file=str(path), field="--from-file") from None
+        source = ", ".join(str(p) for p in from_file)
+    else:
+        texts, source = run_nvidia_smi(), "nvidia-smi"
+    topo = detect_topology(
+        texts,
+        name=name,
+        host=host,
+        memory_bytes=memory_bytes,
+        speed=speed,
+        bandwidth=overrides,
+        source=source,
+    )
+    if as_json:
+        print(json.dumps(topo.to_dict(), indent=1))
+    text = f"# Detected by `pipeplan topology detect` from {source}.\n" + topo.to_yaml()
+    if output is not None:
+        atomic_write_text(output, text)
+        if not as_json:
+            print(
+                f"wrote {output}: {len(topo.devices)} devices, {topo.graph.number_of_edges()} links"
+            )
+    elif not as_json:
+        print(text, end="")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``pipeplan topology ...`` to the main app."""
+    app.add_typer(topology_app, name="topology")
