@@ -74,8 +74,11 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
             f"<title>{escape(title)}</title></line>"
         )
         if topo.graph.number_of_edges() <= 40:
+            # A third of the way along, not the middle: links that cross the centre would
+            # otherwise stack their labels on one spot.
+            lx, ly = x1 + (x2 - x1) / 3, y1 + (y2 - y1) / 3
             out.append(
-                f'<text x="{(x1 + x2) / 2:.1f}" y="{(y1 + y2) / 2 - 3:.1f}" text-anchor="middle" '
+                f'<text x="{lx:.1f}" y="{ly - 3:.1f}" text-anchor="middle" '
                 f'fill="#444" font-size="9">{escape(format_bandwidth(bw))}</text>'
             )
     hosts = list(topo.hosts())
