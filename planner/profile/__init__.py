@@ -1,5 +1,13 @@
 """Profiles: measuring a model's layers, and the file format they are stored in."""
 
+from planner.profile.loader import UserModel, default_loss, load_model_file, model_name
+from planner.profile.measure import (
+    OPTIMIZERS,
+    measure_layer,
+    optimizer_state_bytes,
+    parse_microbatch_sizes,
+    profile_model,
+)
 from planner.profile.schema import (
     SCHEMA,
     Layer,
@@ -18,4 +26,29 @@ __all__ = [
     "Profile",
     "load_profile",
     "profile_from_dict",
+    # measuring (torch is imported only when these run; split imports it, so it is lazy)
+    "OPTIMIZERS",
+    "SplitModel",
+    "Stage",
+    "UserModel",
+    "default_loss",
+    "discover_split_points",
+    "load_model_file",
+    "measure_layer",
+    "model_name",
+    "optimizer_state_bytes",
+    "parse_microbatch_sizes",
+    "profile_model",
+    "split_model",
 ]
+
+_SPLIT_NAMES = ("SplitModel", "Stage", "discover_split_points", "split_model")
+
+
+def __getattr__(name: str) -> object:
+    # planner.profile.split imports torch; load it on first use so `import planner` stays fast.
+    if name in _SPLIT_NAMES:
+        from planner.profile import split
+
+        return getattr(split, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""What ``pipeplan profile`` costs and how repeatable its numbers are.
+
+- Cost: wall seconds of the real command (``pipeplan profile examples/gpt.py -b 1,2,4``, a
+  fresh process each time, so Python and torch start-up are included). Target: under 60 s
+  on 2 CPU cores.
+- Repeatability: two profiles of the same model, taken one after the other. For every layer
+  and microbatch size whose median is over 1 ms, the relative difference of the two medians
+  of forward_ms and backward_ms (``|a - b| / min(a, b)``). Target: all within 10%.
+
+Run::
+
+    .venv/bin/python bench/profile_cost.py                 # table + bench/results/profile_cost.json
+    .venv/bin/python bench/profile_cost.py --runs 3 --model examples/cnn.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from planner.profile import Profile, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "profile_cost.json"
+PIPEPLAN = Path(sys.executable).with_name("pipeplan")
+FIELDS = ("forward_ms", "backward_ms")
+
+
+def profile_once(model: Path, sizes: str, output: Path, extra: list[str]) -> float:
+    """Run the real command once; returns its wall seconds."""
+    command = [str(PIPEPLAN), "profile", str(model), "-b", sizes, "-o", str(output), "-q"]
+    started = time.perf_counter()
+    subprocess.run([*command, *extra], check=True, cwd=ROOT)
+    return time.perf_counter() - started
+
+
+def compare(a: Profile, b: Profile, threshold_ms: float = 1.0) -> list[dict[str, Any]]:
+    """Per layer, size and field over ``threshold_ms``: both medians and their difference."""
+    rows = []
+    for ma, mb in zip(a.measurements, b.measurements, strict=True):
+        for layer, ta, tb in zip(a.layers, ma.layers, mb.layers, strict=True):
+            for field in FIELDS:
+                x, y = getattr(ta, field), getattr(tb, field)
+                if min(x, y) <= threshold_ms:
+                    continue
+                rows.append(
+                    {
+                        "layer": layer.name,
+                        "microbatch_size": ma.microbatch_size,
+                        "field": field,
+                        "first_ms": x,
+                        "second_ms": y,
+                        "difference": abs(x - y) / min(x, y),
+                    }
+                )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=ROOT / "examples" / "gpt.py")
+    parser.add_argument("-b", "--sizes", default="1,2,4")
+    parser.add_argument("--runs", type=int, default=2, help="profiles to take (>= 2)")
+    parser.add_argument("--extra", default="", help="extra flags for pipeplan profile")
+    args = parser.parse_args()
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    seconds: list[float] = []
+    profiles: list[Profile] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(max(2, args.runs)):
+            path = Path(tmp) / f"run{run}.json"
+            seconds.append(profile_once(args.model, args.sizes, path, args.extra.split()))
+            profiles.append(load_profile(path))
+    rows = compare(profiles[0], profiles[1])
+    worst = max((r["difference"] for r in rows), default=0.0)
+    within = sum(r["difference"] <= 0.10 for r in rows)
+    pairs = []  # every consecutive pair, to show how much one pair's verdict is luck
+    for i in range(len(profiles) - 1):
+        pair_rows = compare(profiles[i], profiles[i + 1])
+        pairs.append(
+            {
+                "runs": [i, i + 1],
+                "compared": len(pair_rows),
+                "within_10_percent": sum(r["difference"] <= 0.10 for r in pair_rows),
+                "worst_difference": round(max((r["difference"] for r in pair_rows), default=0), 4),
+            }
+        )
+
+    print(f"pipeplan profile {args.model.name} -b {args.sizes}: {len(profiles)} runs")
+    print(f"{'run':>4} {'wall s':>8}")
+    for i, s in enumerate(seconds):
+        print(f"{i:>4} {s:>8.1f}")
+    print(f"median wall seconds: {statistics.median(seconds):.1f} (target < 60)")
+    print()
+    print(f"{'layer':<12} {'b':>3} {'field':<12} {'run 0 ms':>9} {'run 1 ms':>9} {'diff':>7}")
+    for r in rows:
+        print(
+            f"{r['layer']:<12} {r['microbatch_size']:>3} {r['field']:<12} "
+            f"{r['first_ms']:>9.2f} {r['second_ms']:>9.2f} {r['difference']:>7.1%}"
+        )
+    print(f"medians over 1 ms within 10%: {within}/{len(rows)}; worst {worst:.1%}")
+    for pair in pairs:
+        a, b = pair["runs"]
+        print(
+            f"runs {a} and {b}: {pair['within_10_percent']}/{pair['compared']} within 10%, "
+            f"worst {pair['worst_difference']:.1%}"
+        )
+
+    result = {
+        "benchmark": "profile_cost",
+        "command": f"pipeplan profile {args.model.relative_to(ROOT)} -b {args.sizes} {args.extra}",
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "load_average_at_start": load,
+        },
+        "torch_threads": profiles[0].meta.get("threads"),
+        "clock": profiles[0].meta.get("clock"),
+        "wall_seconds": [round(s, 2) for s in seconds],
+        "median_wall_seconds": round(statistics.median(seconds), 2),
+        "repeatability": {
+            "compared": len(rows),
+            "within_10_percent": within,
+            "worst_difference": round(worst, 4),
+            "rows": rows,
+            "pairs": pairs,
+        },
+        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""``pipeplan demo``: the whole chain on a bundled example, on this machine's CPU, no arguments.
+
+The demo is a list of steps, :data:`DEMO_STEPS`; each step reads and extends a shared
+:class:`DemoContext`. Today there is one step (profile the model and print its table); solve,
+simulate and run add theirs with :func:`add_step`.
+
+Example::
+
+    $ pipeplan demo
+    $ pipeplan demo --model cnn --out out/demo
+
+    # in a later command module:
+    def _solve(ctx: DemoContext) -> None:
+        ctx.results["plan"] = solve(ctx.results["profile"], ...)
+
+    add_step("solve", _solve)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = [
+    "DEMO_STEPS",
+    "DemoContext",
+    "DemoStep",
+    "add_step",
+    "examples_dir",
+    "register",
+    "run_demo",
+]
+
+BUNDLED = ("gpt", "mlp", "cnn")
+
+
+@dataclass
+class DemoContext:
+    """What the demo's steps share: where to write, which model, and each step's results.
+
+    ``results`` keys so far: ``profile`` (a Profile) and ``profile_path`` (a Path).
+    """
+
+    console: Console
+    out_dir: Path
+    model: Path
+    microbatch_sizes: list[int]
+    results: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+DemoStep = Callable[[DemoContext], None]
+
+
+def _profile_step(ctx: DemoContext) -> None:
+    """Profile the bundled model (few repeats: a demo, not a measurement) and print it."""
+    from planner.commands.profile import profile_table, run_profile
+
+    stem = ctx.model.stem
+    profile, path = run_profile(
+        ctx.model,
+        ",".join(map(str, ctx.microbatch_sizes)),
+        output=ctx.out_dir / f"{stem}.json",
+        repeat=3,
+        warmup=1,
+        console=ctx.console,
+    )
+    ctx.results["profile"] = profile
+    ctx.results["profile_path"] = path
+    ctx.console.print(profile_table(profile))
+    ctx.console.print(f"profile written to {path}")
+
+
+DEMO_STEPS: list[tuple[str, DemoStep]] = [("profile", _profile_step)]
+
+
+def add_step(name: str, step: DemoStep, *, after: str | None = None) -> None:
+    """Add ``step`` to the demo, at the end or right after the step named ``after``.
+
+    Adding a name twice replaces the earlier step (so re-importing a module is harmless).
+
+    Example::
+
+        add_step("solve", solve_step, after="profile")
+    """
+    names = [n for n, _ in DEMO_STEPS]
+    if name in names:
+        DEMO_STEPS[names.index(name)] = (name, step)
+        return
+    index = names.index(after) + 1 if after in names else len(DEMO_STEPS)
+    DEMO_STEPS.insert(index, (name, step))
+
+
+def examples_dir() -> Path:
+    """The bundled ``examples/`` folder (beside the ``planner`` package in a checkout).
+
+    Example::
+
+        examples_dir() / "gpt.py"
+    """
+    import planner
+
+    return Path(planner.__file__).resolve().parent.parent / "examples"
+
+
+def run_demo(
+    model: str = "gpt",
+    *,
+    out_dir: str | Path = "out/demo",
+    microbatch_sizes: list[int] | None = None,
+    console: Console | None = None,
+) -> DemoContext:
+    """Run every step of :data:`DEMO_STEPS` on a bundled example; returns the context.
+
+    Example::
+
+        ctx = run_demo("mlp", out_dir="out/demo")
+        ctx.results["profile"].num_layers
+    """
+    from rich.console import Console
+
+    if model not in BUNDLED:
+        raise InputError(f"expected one of {', '.join(BUNDLED)}, got {model!r}", field="--model")
+    source = examples_dir() / f"{model}.py"
+    if not source.is_file():
+        raise InputError(
+            "bundled example not found; the demo needs a checkout of pipeplan (pip install -e .)",
+            file=str(source),
+        )
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a folder", file=str(out), field="--out")
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = DemoContext(
+        console=console or Console(),
+        out_dir=out,
+        model=source,
+        microbatch_sizes=microbatch_sizes or [1, 2],
+    )
+    for name, step in DEMO_STEPS:
+        ctx.console.rule(f"[bold]{name}")
+        started = time.perf_counter()
+        step(ctx)
+        ctx.timings[name] = round(time.perf_counter() - started, 2)
+    return ctx
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``demo`` command to ``app``."""
+    app.command("demo")(demo)
+
+
+def demo(
+    model: str = typer.Option("gpt", "--model", help=f"Bundled example: {', '.join(BUNDLED)}."),
+    out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the files it writes."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print what each step produced (files, seconds) as JSON."
+    ),
+) -> None:
+    """Run the whole chain on a bundled model on this machine's CPU; no arguments needed.
+
+    Today: profile the model and print its per-layer table.
+
+    Example: pipeplan demo --model mlp
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True) if as_json else Console()
+    ctx = run_demo(model, out_dir=out, console=console)
+    if as_json:
+        files = {k: str(v) for k, v in ctx.results.items() if isinstance(v, Path)}
+        json.dump({"model": model, "files": files, "seconds": ctx.timings}, sys.stdout, indent=1)
+        sys.stdout.write("\n")

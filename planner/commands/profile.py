@@ -1,0 +1,243 @@
+"""``pipeplan profile``: measure every layer of a model.py and write its profile.
+
+Example::
+
+    $ pipeplan profile examples/gpt.py -b 1,2,4
+    $ pipeplan profile model.py --split-at 'transformer.h.*' -o profiles/mine.json --json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from planner.profile.schema import Profile
+
+__all__ = ["default_output", "profile_table", "register", "run_profile"]
+
+
+def default_output(model_path: str | Path) -> Path:
+    """``profiles/<model>.json`` in the current folder.
+
+    Example::
+
+        default_output("examples/gpt.py")   # Path('profiles/gpt.json')
+    """
+    from planner.profile.loader import model_name
+
+    return Path("profiles") / f"{model_name(model_path)}.json"
+
+
+def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table:
+    """A rich table of one microbatch size (default: the largest) of ``profile``.
+
+    Example::
+
+        Console().print(profile_table(load_profile("profiles/gpt.json")))
+    """
+    from rich.table import Table
+
+    size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
+    m = profile.measurement(size)
+    table = Table(
+        title=f"{profile.model} on {profile.device}, microbatch size {size} (times in ms)",
+        caption="bwd: whole backward; in, wt: its two halves; act: saved for bwd",
+    )
+    for header in ("#", "layer", "fwd", "bwd", "in", "wt", "params", "act", "out"):
+        table.add_column(header, justify="left" if header == "layer" else "right")
+    for i, (layer, t) in enumerate(zip(profile.layers, m.layers, strict=True)):
+        table.add_row(
+            str(i),
+            layer.name,
+            f"{t.forward_ms:.2f}",
+            f"{t.backward_ms:.2f}",
+            f"{t.backward_input_ms:.2f}",
+            f"{t.backward_weight_ms:.2f}",
+            _size(layer.param_bytes),
+            _size(t.saved_bytes),
+            _size(t.output_bytes),
+        )
+    table.add_section()
+    table.add_row(
+        "",
+        "total",
+        f"{sum(t.forward_ms for t in m.layers):.2f}",
+        f"{sum(t.backward_ms for t in m.layers):.2f}",
+        f"{sum(t.backward_input_ms for t in m.layers):.2f}",
+        f"{sum(t.backward_weight_ms for t in m.layers):.2f}",
+        _size(sum(layer.param_bytes for layer in profile.layers)),
+        _size(sum(t.saved_bytes for t in m.layers)),
+        "",
+    )
+    return table
+
+
+def run_profile(
+    model: Path,
+    sizes: str,
+    *,
+    output: Path | None,
+    device: str = "cpu",
+    repeat: int = 5,
+    warmup: int = 2,
+    threads: int = 1,
+    optimizer: str = "adam",
+    split_at: str | None = None,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> tuple[Profile, Path]:
+    """Validate the arguments, profile with a progress bar, write the profile atomically.
+
+    Every check that needs no measuring happens first, so bad input writes nothing.
+
+    Example::
+
+        profile, path = run_profile(Path("examples/mlp.py"), "1,8", output=None)
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.fileio import check_output_path
+    from planner.profile.loader import load_model_file
+    from planner.profile.measure import (
+        check_device,
+        optimizer_state_bytes,
+        parse_microbatch_sizes,
+        profile_model,
+    )
+
+    err = console or Console(stderr=True)
+    microbatch_sizes = parse_microbatch_sizes(sizes)
+    optimizer_state_bytes(0, optimizer)
+    check_device(device)
+    if output is not None:
+        check_output_path(output)
+    load_model_file(model)  # path, import and the contract's functions, before the bar starts
+    if output is None:  # the default folder is created, but only for a loadable model
+        output = default_output(model)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        check_output_path(output)
+
+    with Progress(
+        TextColumn("[bold]profiling[/] {task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not show_progress or not err.is_terminal,  # no stray lines in logs
+    ) as bar:
+        task = bar.add_task("loading", total=None)
+
+        def progress(done: int, total: int, description: str) -> None:
+            bar.update(task, completed=done, total=total, description=description)
+
+        profile = profile_model(
+            model,
+            microbatch_sizes,
+            repeat=repeat,
+            warmup=warmup,
+            device=device,
+            threads=threads,
+            optimizer=optimizer,
+            split_at=split_at,
+            progress=progress,
+        )
+    profile.save(output)
+    return profile, output
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``profile`` command to ``app``."""
+    app.command("profile")(profile)
+
+
+def profile(
+    model: Path = typer.Argument(..., help="The model.py to profile.", show_default=False),
+    sizes: str = typer.Option(
+        "1,2,4", "-b", "--microbatch-sizes", help="Microbatch sizes to measure, comma-separated."
+    ),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N for a given GPU)."),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Profile JSON to write (default: profiles/MODEL.json; the folder must exist).",
+        show_default=False,
+    ),
+    split_at: str | None = typer.Option(
+        None,
+        "--split-at",
+        help=(
+            "Module-name globs that start a layer, comma-separated (e.g. 'blocks.*'). Default: "
+            "an nn.Sequential's children, else the blocks of the largest ModuleList."
+        ),
+        show_default=False,
+    ),
+    repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
+    threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
+    optimizer: str = typer.Option(
+        "adam", "--optimizer", help="Optimizer state to count: adam, adamw (2x), momentum, sgd."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the profile (and where it was written) as JSON on stdout."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
+) -> None:
+    """Measure each layer's forward and backward times and memory; write a profile JSON.
+
+    Layers: an nn.Sequential's children; any other model is captured with torch.fx.
+
+    It is cut between the blocks of its largest ModuleList (or --split-at), plus before/after.
+
+    Times are medians of --repeat runs; details and the file format in docs/profile.md.
+
+    Example: pipeplan profile examples/gpt.py -b 1,2,4 -o profiles/gpt.json
+    """
+    from rich.console import Console
+
+    started = time.perf_counter()
+    err = Console(stderr=True)
+    result, path = run_profile(
+        model,
+        sizes,
+        output=output,
+        device=device,
+        repeat=repeat,
+        warmup=warmup,
+        threads=threads,
+        optimizer=optimizer,
+        split_at=split_at,
+        console=err,
+        show_progress=not quiet and not as_json,
+    )
+    seconds = time.perf_counter() - started
+    if as_json:
+        summary: dict[str, Any] = {"output": str(path), "seconds": round(seconds, 2)}
+        summary["profile"] = result.to_dict()
+        json.dump(summary, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    if not quiet:
+        Console().print(profile_table(result))
+    err.print(f"wrote {path} ({result.num_layers} layers, {seconds:.1f} s)")
+
+
+def _size(n: int) -> str:
+    # Compact binary units: tables must fit an 80-column terminal.
+    value = float(n)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit == "B" or value >= 100 else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{n}B"  # pragma: no cover

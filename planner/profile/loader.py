@@ -1,0 +1,214 @@
+"""Loading a user's ``model.py`` (the contract's three functions) by path.
+
+``build_model()`` and ``sample_batch(batch_size)`` are required, ``loss_fn(outputs, targets)``
+is optional (default: cross-entropy for integer targets, else mean squared error). Every
+problem, including an exception raised by the user's code, becomes one :class:`InputError`
+line naming the file and the function at fault.
+
+Example::
+
+    user = load_model_file("examples/gpt.py")
+    model = user.build()
+    inputs, targets = user.batch(4)
+    loss = user.loss(model(*inputs), targets)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from planner.errors import InputError
+from planner.fileio import sha256_file
+
+__all__ = ["UserModel", "default_loss", "load_model_file", "model_name"]
+
+
+def default_loss(outputs: Any, targets: Any) -> Any:
+    """The contract's default loss: cross-entropy for integer targets, else MSE.
+
+    Class scores may carry extra leading dimensions (a language model's ``(B, T, V)``).
+
+    Example::
+
+        loss = default_loss(torch.randn(2, 5, 10), torch.randint(0, 10, (2, 5)))
+    """
+    import torch
+    from torch.nn import functional as F
+
+    if not isinstance(outputs, torch.Tensor):
+        raise TypeError(f"the model returned {type(outputs).__name__}; define loss_fn for it")
+    is_int = isinstance(targets, torch.Tensor) and not (
+        targets.is_floating_point() or targets.is_complex()
+    )
+    if is_int:
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+    return F.mse_loss(outputs, targets)
+
+
+def model_name(path: str | os.PathLike[str]) -> str:
+    """A short name for the model: the file's stem, or its folder's name for ``model.py``.
+
+    Example::
+
+        model_name("examples/gpt.py")     # 'gpt'
+        model_name("runs/bert/model.py")  # 'bert'
+    """
+    p = Path(path)
+    if p.stem == "model" and p.resolve().parent.name:
+        return p.resolve().parent.name
+    return p.stem
+
+
+@dataclass
+class UserModel:
+    """The functions of one loaded ``model.py``; their failures become InputErrors."""
+
+    path: Path
+    name: str
+    source_sha256: str
+    module: ModuleType
+    build_model: Callable[[], Any]
+    sample_batch: Callable[[int], Any]
+    loss_fn: Callable[[Any, Any], Any] | None
+
+    def build(self) -> Any:
+        """Call ``build_model()`` and check that it returns an ``nn.Module``."""
+        from torch import nn
+
+        model = self._call("build_model", self.build_model)
+        if not isinstance(model, nn.Module):
+            raise InputError(
+                f"expected build_model() to return a torch.nn.Module, got {type(model).__name__}",
+                file=str(self.path),
+                field="build_model",
+            )
+        return model
+
+    def batch(self, batch_size: int) -> tuple[tuple[Any, ...], Any]:
+        """``sample_batch(batch_size)`` as ``(inputs as a tuple, targets)``."""
+        import torch
+
+        result = self._call("sample_batch", self.sample_batch, batch_size)
+        if not (isinstance(result, tuple | list) and len(result) == 2):
+            raise InputError(
+                "expected sample_batch(batch_size) to return (inputs, targets), got "
+                f"{type(result).__name__}",
+                file=str(self.path),
+                field="sample_batch",
+            )
+        inputs, targets = result
+        inputs = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
+        if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
+            raise InputError(
+                "expected the inputs from sample_batch to be a tensor or a tuple of tensors",
+                file=str(self.path),
+                field="sample_batch",
+            )
+        return inputs, targets
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        """The user's ``loss_fn`` or :func:`default_loss`; must give a scalar tensor."""
+        import torch
+
+        fn = self.loss_fn or default_loss
+        value = self._call("loss_fn", fn, outputs, targets)
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+            raise InputError(
+                "expected the loss to be a scalar tensor", file=str(self.path), field="loss_fn"
+            )
+        return value
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(
+                f"{what}({_show_args(args)}) raised {_describe(exc, self.path)}",
+                file=str(self.path),
+                field=what,
+            ) from None
+
+
+def load_model_file(path: str | os.PathLike[str]) -> UserModel:
+    """Import ``model.py`` from ``path`` and check it offers the contract's functions.
+
+    Example::
+
+        user = load_model_file("examples/mlp.py")
+        user.name, user.source_sha256[:8]
+    """
+    source = Path(path)
+    if not source.exists():
+        raise InputError("file does not exist", file=str(source))
+    if not source.is_file():
+        raise InputError("is not a file; expected a model.py", file=str(source))
+    digest = sha256_file(source)
+    module = _import(source, digest)
+    build = getattr(module, "build_model", None)
+    sample = getattr(module, "sample_batch", None)
+    loss = getattr(module, "loss_fn", None)
+    for name, fn in (("build_model", build), ("sample_batch", sample)):
+        if not callable(fn):
+            raise InputError(
+                f"defines no function {name}(); see the model.py contract in docs/profile.md",
+                file=str(source),
+                field=name,
+            )
+    if loss is not None and not callable(loss):
+        raise InputError("expected loss_fn to be a function", file=str(source), field="loss_fn")
+    assert build is not None and sample is not None  # checked above; for the type checker
+    return UserModel(source, model_name(source), digest, module, build, sample, loss)
+
+
+def _import(source: Path, digest: str) -> ModuleType:
+    module_name = f"pipeplan_user_{model_name(source)}_{digest[:12]}"
+    if module_name in sys.modules:  # the same bytes were loaded before
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, source)
+    if spec is None or spec.loader is None:
+        raise InputError("cannot be imported as a Python module", file=str(source))
+    module = importlib.util.module_from_spec(spec)
+    folder = str(source.resolve().parent)
+    sys.path.insert(0, folder)  # so a model.py can import files beside it
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise InputError(f"raised on import: {_describe(exc, source)}", file=str(source)) from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def _describe(exc: BaseException, source: Path) -> str:
+    """``Type: message (line N)``, the line being the deepest one in the user's file."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if len(text) > 300:
+        text = text[:297] + "..."
+    line = None
+    resolved = str(source.resolve())
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if os.path.abspath(frame.filename) == resolved:
+            line = frame.lineno
+    if isinstance(exc, SyntaxError) and exc.lineno is not None:
+        line = exc.lineno
+        text = exc.msg
+    where = f" (line {line})" if line is not None else ""
+    return f"{type(exc).__name__}: {text}{where}"
+
+
+def _show_args(args: tuple[Any, ...]) -> str:
+    # Sizes are worth showing; tensors would flood the one error line.
+    return ", ".join(repr(a) if isinstance(a, int | str) else "..." for a in args)

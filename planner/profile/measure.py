@@ -1,0 +1,661 @@
+"""Measuring each layer of a split model: times, activation sizes, parameter and state sizes.
+
+For every microbatch size the layers run one after another on the real sample batch; each
+layer is measured in isolation on the (detached) values that cross the cut before it:
+
+- ``forward_ms``: the layer's forward with autograd recording (the last layer includes the loss);
+- ``backward_ms``: gradients w.r.t. its floating inputs and its parameters together;
+- ``backward_input_ms`` / ``backward_weight_ms``: the same graph, gradients w.r.t. the inputs
+  only, then w.r.t. the parameters only (the two halves zero-bubble schedules separate);
+- ``saved_bytes``: distinct storages autograd keeps for the backward (saved-tensor hooks),
+  parameters and buffers excluded; ``output_bytes``: every tensor crossing the next cut;
+- ``workspace_bytes`` (CUDA only): peak memory of forward plus backward beyond those.
+
+Times are medians of ``repeat`` runs after ``warmup`` runs; ``spread`` keeps the quartiles.
+On CUDA each interval is timed with CUDA events after a synchronisation; on CPU with a
+monotonic clock and a fixed number of threads.
+
+Example::
+
+    profile = profile_model("examples/gpt.py", [1, 2, 4], repeat=5, warmup=2)
+    profile.save("profiles/gpt.json")
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import gc
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InputError
+from planner.profile.loader import UserModel, load_model_file
+from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+
+__all__ = [
+    "OPTIMIZERS",
+    "check_device",
+    "ProgressFn",
+    "optimizer_state_bytes",
+    "parse_microbatch_sizes",
+    "profile_model",
+    "measure_layer",
+]
+
+# Bytes of optimizer state per byte of parameters: Adam keeps two moments, momentum one buffer.
+OPTIMIZERS: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+ProgressFn = Callable[[int, int, str], None]
+"""Called as ``progress(done, total, description)`` after each timed repeat of all layers."""
+
+
+@functools.cache
+def _split_backward_fns() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """The zero-bubble backward halves of torch.distributed.pipelining (private, but the very
+    code the runtime's zero-bubble schedules run); None where this torch lacks them."""
+    try:
+        from torch.distributed.pipelining import _backward
+    except ImportError:  # pragma: no cover - older torch: halves via plain autograd.grad
+        return None
+    fns = (
+        getattr(_backward, "stage_backward_input", None),
+        getattr(_backward, "stage_backward_weight", None),
+    )
+    if fns[0] is None or fns[1] is None:  # pragma: no cover
+        return None
+    return fns[0], fns[1]
+
+
+_TIMINGS = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms")
+
+
+def optimizer_state_bytes(param_bytes: int, optimizer: str) -> int:
+    """Optimizer state held for ``param_bytes`` of parameters.
+
+    Example::
+
+        optimizer_state_bytes(1000, "adam")   # 2000
+    """
+    if optimizer not in OPTIMIZERS:
+        raise InputError(
+            f"expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}", field="--optimizer"
+        )
+    return OPTIMIZERS[optimizer] * param_bytes
+
+
+def parse_microbatch_sizes(text: str | Sequence[int]) -> list[int]:
+    """``"1,2,4"`` (or a list of ints) as sorted distinct positive sizes.
+
+    Example::
+
+        parse_microbatch_sizes("4, 1,2")   # [1, 2, 4]
+    """
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    sizes: list[int] = []
+    for item in items:
+        try:
+            value = int(item)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or isinstance(item, bool) or value <= 0 or str(value) != str(item):
+            raise InputError(
+                f"expected positive whole numbers separated by commas (e.g. 1,2,4), got {item!r}",
+                field="-b",
+            )
+        sizes.append(value)
+    if not sizes:
+        raise InputError("expected at least one microbatch size (e.g. 1,2,4)", field="-b")
+    return sorted(set(sizes))
+
+
+@dataclass
+class _Settings:
+    device: Any  # torch.device
+    repeat: int
+    warmup: int
+    threads: int = 1
+
+    @property
+    def clock(self) -> str:
+        """How intervals are timed (recorded in the profile's meta)."""
+        if self.device.type == "cuda":
+            return "cuda_events"
+        # One thread does all the work (autograd runs CPU backward on the calling thread), so
+        # its CPU time is the layer's cost without the time other processes took the core
+        # from it; with more threads only the wall clock sees all the work.
+        return "thread_time" if self.threads == 1 else "perf_counter"
+
+
+def profile_model(
+    path: str | os.PathLike[str],
+    microbatch_sizes: Sequence[int] | str,
+    *,
+    repeat: int = 5,
+    warmup: int = 2,
+    device: str = "cpu",
+    threads: int = 1,
+    optimizer: str = "adam",
+    split_at: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Profile:
+    """Load ``model.py`` at ``path``, split it into layers and measure every layer.
+
+    On CPU, ``threads`` is pinned with ``torch.set_num_threads`` for the run (and restored).
+    With one thread, intervals are that thread's CPU time (``time.thread_time``): on a shared
+    machine, time other processes take the core from it is not charged to the layer. With
+    more threads, the wall clock. On CUDA, CUDA events. ``meta["clock"]`` records which.
+
+    Example::
+
+        profile = profile_model("examples/mlp.py", [1, 8], repeat=3, warmup=1)
+        [layer.name for layer in profile.layers]
+    """
+    import torch
+
+    sizes = parse_microbatch_sizes(microbatch_sizes)
+    settings = _Settings(
+        _device(device),
+        _positive(repeat, "--repeat"),
+        _count(warmup),
+        _positive(threads, "--threads"),
+    )
+    optimizer_state_bytes(0, optimizer)  # validates the name
+    user = load_model_file(path)
+    started = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    if settings.device.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        split, model = _prepare(user, sizes[0], settings, split_at)
+        params = split.layer_parameters()
+        layers = [
+            Layer(
+                name=name,
+                param_count=sum(p.numel() for p in ps),
+                param_bytes=(pb := sum(p.numel() * p.element_size() for p in ps)),
+                optimizer_state_bytes=optimizer_state_bytes(pb, optimizer),
+            )
+            for name, ps in zip(split.names, params, strict=True)
+        ]
+        total = len(sizes) * settings.repeat
+        measurements = [
+            _measure_size(user, split, size, settings, progress, k * settings.repeat, total)
+            for k, size in enumerate(sizes)
+        ]
+    finally:
+        torch.set_num_threads(old_threads)
+    return Profile(
+        model=user.name,
+        layers=layers,
+        measurements=measurements,
+        source_sha256=user.source_sha256,
+        device=str(settings.device),
+        dtype=_dtype(model),
+        torch_version=torch.__version__,
+        optimizer=optimizer,
+        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at),
+    )
+
+
+def measure_layer(
+    layer: Any,
+    values: Sequence[Any],
+    *,
+    device: str = "cpu",
+    repeat: int = 5,
+    warmup: int = 2,
+    loss: Callable[[Any], Any] | None = None,
+    threads: int | None = None,
+) -> tuple[LayerTiming, tuple[Any, ...] | Any]:
+    """Measure one layer on the values entering it; returns its timing and its outputs.
+
+    ``loss`` (for the last layer) turns the layer's output into the scalar to differentiate.
+    ``threads`` is the CPU thread count in force (default: torch's current one); it picks the
+    clock (see :func:`profile_model`).
+
+    Example::
+
+        timing, outputs = measure_layer(split.layers[1], (mask, hidden), repeat=3)
+    """
+    import torch
+
+    count = torch.get_num_threads() if threads is None else _positive(threads, "--threads")
+    settings = _Settings(_device(device), _positive(repeat, "--repeat"), _count(warmup), count)
+    return _measure(layer, values, settings, loss)
+
+
+def _measure_size(
+    user: UserModel,
+    split: Any,
+    size: int,
+    settings: _Settings,
+    progress: ProgressFn | None,
+    done: int,
+    total: int,
+) -> Measurement:
+    from planner.profile.split import tensor_bytes
+
+    inputs, targets = user.batch(size)
+    inputs = _to(inputs, settings.device)
+    targets = _to(targets, settings.device)
+    values: Any = inputs
+    runners: list[_Runner] = []
+    facts: list[tuple[int, int, int]] = []
+    for k, layer in enumerate(split.layers):
+        is_last = k == split.num_layers - 1
+        loss = (lambda out: user.loss(out, targets)) if is_last else None
+        run = _Runner.for_layer(layer, values, loss, settings)
+        outputs, saved, workspace = run.inspect()
+        facts.append((tensor_bytes(outputs), saved, workspace))
+        values = _detach(outputs)
+        runners.append(run)
+
+    def after_repeat(r: int) -> None:
+        if progress is not None:
+            progress(done + r + 1, total, f"b={size} repeat {r + 1}/{settings.repeat}")
+
+    samples = _time_runners(runners, settings, after_repeat)
+    timings = [_timing(samples[k], *facts[k]) for k in range(split.num_layers)]
+    return Measurement(microbatch_size=size, input_bytes=tensor_bytes(inputs), layers=timings)
+
+
+def _measure(
+    layer: Any, values: Sequence[Any], settings: _Settings, loss: Callable[[Any], Any] | None
+) -> tuple[LayerTiming, Any]:
+    from planner.profile.split import tensor_bytes
+
+    run = _Runner.for_layer(layer, values, loss, settings)
+    outputs, saved, workspace = run.inspect()
+    samples = _time_runners([run], settings)[0]
+    return _timing(samples, tensor_bytes(outputs), saved, workspace), _detach(outputs)
+
+
+def _time_runners(
+    runners: Sequence[_Runner],
+    settings: _Settings,
+    after_repeat: Callable[[int], None] | None = None,
+) -> list[dict[str, list[float]]]:
+    """Round robin: repeat r of every layer before repeat r + 1 of any, so a slow spell of the
+    machine (another process, a clock change) falls on all layers alike, not on one."""
+    for _ in range(settings.warmup):
+        for run in runners:
+            run.once()
+    samples: list[dict[str, list[float]]] = [{name: [] for name in _TIMINGS} for _ in runners]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection in the middle of a timed interval is pure noise
+    try:
+        for r in range(settings.repeat):
+            for run, into in zip(runners, samples, strict=True):
+                for name, ms in zip(_TIMINGS, run.once(), strict=True):
+                    into[name].append(ms)
+            if after_repeat is not None:
+                after_repeat(r)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return samples
+
+
+def _timing(
+    samples: dict[str, list[float]], output_bytes: int, saved: int, workspace: int
+) -> LayerTiming:
+    return LayerTiming(
+        forward_ms=_round(statistics.median(samples["forward_ms"])),
+        backward_ms=_round(statistics.median(samples["backward_ms"])),
+        backward_input_ms=_round(statistics.median(samples["backward_input_ms"])),
+        backward_weight_ms=_round(statistics.median(samples["backward_weight_ms"])),
+        output_bytes=output_bytes,
+        saved_bytes=saved,
+        workspace_bytes=workspace,
+        spread={name: _quartiles(samples[name]) for name in _TIMINGS},
+    )
+
+
+class _Runner:
+    """One forward and the three backward variants of a layer, each timed."""
+
+    def __init__(
+        self,
+        layer: Any,
+        leaves: list[Any],
+        grad_inputs: list[Any],
+        params: list[Any],
+        loss: Callable[[Any], Any] | None,
+        settings: _Settings,
+    ):
+        self.layer = layer
+        self.leaves = leaves
+        self.grad_inputs = grad_inputs
+        self.params = params
+        self.loss = loss
+        self.settings = settings
+        self.grads: list[Any] | None = None
+        self.split_halves = bool(grad_inputs and params and _split_backward_fns() is not None)
+        self.state_ptrs = {_storage_key(t) for t in [*layer.parameters(), *layer.buffers()]}
+
+    @classmethod
+    def for_layer(
+        cls,
+        layer: Any,
+        values: Sequence[Any],
+        loss: Callable[[Any], Any] | None,
+        settings: _Settings,
+    ) -> _Runner:
+        """A runner on detached copies of ``values`` that require grad where floating."""
+        import torch
+
+        leaves = [_leaf(v) for v in values]
+        grad_inputs = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
+        params = [p for p in layer.parameters() if p.requires_grad]
+        return cls(layer, leaves, grad_inputs, params, loss, settings)
+
+    def forward(self) -> tuple[Any, list[Any]]:
+        """The layer's outputs, and the tensors the backward starts from."""
+        import torch
+
+        out = self.layer(*self.leaves)
+        if self.loss is not None:
+            return out, [_not_a_view(self.loss(out))]
+        # A value passed through unchanged is a leaf: its gradient costs nothing.
+        roots = [_not_a_view(t) for t in _tensors(out) if t.grad_fn is not None]
+        if self.grads is None:
+            # Fixed, non-trivial output gradients, as the next stage would send.
+            self.grads = [torch.full_like(t, 0.5) for t in roots]
+        return out, roots
+
+    def once(self) -> tuple[float, float, float, float]:
+        import torch
+
+        (out, roots), fwd = self._timed(self.forward)
+        grads = None if self.loss is not None else self.grads
+        whole = self._grad(roots, self.grad_inputs + self.params, grads, retain=True)
+        if self.split_halves:
+            half_in, half_w = self._split_backward(roots, grads)
+        else:  # one half is empty: the other is the whole backward
+            half_in = self._grad(roots, self.grad_inputs, grads, retain=True)
+            half_w = self._grad(roots, self.params, grads, retain=False)
+        del out, roots
+        if self.settings.device.type == "cuda":
+            torch.cuda.synchronize(self.settings.device)
+        return fwd, whole, half_in, half_w
+
+    def _split_backward(self, roots: list[Any], grads: Any) -> tuple[float, float]:
+        """Zero-bubble halves as torch.distributed.pipelining computes them: the input half
+        keeps the gradients the weight half needs, so neither repeats the other's work."""
+        fns = _split_backward_fns()
+        assert fns is not None
+        backward_input, backward_weight = fns
+        if not roots:
+            return 0.0, 0.0
+        (_, groups), half_in = self._timed(
+            lambda: backward_input(roots, grads, self.grad_inputs, iter(self.params))
+        )
+        _, half_w = self._timed(lambda: backward_weight(iter(self.params), groups))
+        for t in (*self.grad_inputs, *self.params):
+            t.grad = None
+        return half_in, half_w
+
+    def inspect(self) -> tuple[Any, int, int]:
+        """One untimed forward and backward: outputs, saved bytes and CUDA workspace."""
+        import torch
+
+        cuda = self.settings.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.settings.device)
+            base = torch.cuda.memory_allocated(self.settings.device)
+            torch.cuda.reset_peak_memory_stats(self.settings.device)
+        storages: dict[Any, int] = {}
+
+        def pack(t: Any) -> Any:
+            try:
+                key, size = _storage_key(t), t.untyped_storage().nbytes()
+            except (RuntimeError, NotImplementedError):  # no plain storage (sparse, subclass)
+                key, size = ("id", id(t)), t.numel() * t.element_size()
+            if key not in self.state_ptrs:
+                storages[key] = size
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out, roots = self.forward()
+        grads = None if self.loss is not None else self.grads
+        self._grad(roots, self.grad_inputs + self.params, grads, retain=self.split_halves)
+        if self.split_halves:
+            try:
+                self._split_backward(roots, grads)
+            except (KeyError, RuntimeError):
+                # torch's split backward cannot handle this layer (a parameter the forward
+                # never reaches, say): time the halves with plain autograd.grad instead.
+                self.split_halves = False
+                for t in (*self.grad_inputs, *self.params):
+                    t.grad = None
+        saved = sum(storages.values())
+        workspace = 0
+        if cuda:
+            torch.cuda.synchronize(self.settings.device)
+            peak = torch.cuda.max_memory_allocated(self.settings.device) - base
+            workspace = max(0, peak - saved - _tensor_bytes(out))
+        return out, saved, workspace
+
+    def _grad(self, roots: list[Any], wrt: list[Any], grads: Any, *, retain: bool) -> float:
+        import torch
+
+        if not roots or not wrt:
+            return 0.0
+
+        def backward() -> Any:
+            return torch.autograd.grad(roots, wrt, grads, retain_graph=retain, allow_unused=True)
+
+        _, ms = self._timed(backward)
+        return ms
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        import torch
+
+        device = self.settings.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn()
+            end.record()
+            end.synchronize()
+            return result, float(start.elapsed_time(end))
+        clock = time.thread_time if self.settings.clock == "thread_time" else time.perf_counter
+        t0 = clock()
+        result = fn()
+        return result, (clock() - t0) * 1000.0
+
+
+def _prepare(user: UserModel, size: int, settings: _Settings, split_at: str | None) -> Any:
+    """Build the model, check it accepts its own sample batch, and split it."""
+    import torch
+
+    from planner.profile.split import split_model
+
+    torch.manual_seed(0)
+    model = user.build().to(settings.device)
+    model.train()
+    inputs, targets = user.batch(size)
+    inputs, targets = _to(inputs, settings.device), _to(targets, settings.device)
+    try:
+        outputs = model(*inputs)
+    except Exception as exc:
+        shapes = ", ".join(f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}" for x in inputs)
+        raise InputError(
+            f"the model rejected sample_batch({size}) inputs [{shapes}]: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+            file=str(user.path),
+            field="sample_batch",
+        ) from None
+    # One full step also warms up the allocator and kernels before anything is timed.
+    user.loss(outputs, targets).backward()
+    model.zero_grad(set_to_none=True)
+    split = split_model(model, len(inputs), split_at)
+    return split, model
+
+
+def _leaf(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        leaf = value.detach()
+        if leaf.is_floating_point() or leaf.is_complex():
+            leaf.requires_grad_(True)
+        return leaf
+    return value
+
+
+def _detach(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list):
+        return type(value)(_detach(v) for v in value)
+    return value
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _not_a_view(t: Any) -> Any:
+    # The zero-bubble input half detaches its roots in place, which torch refuses for views;
+    # a view output (a transpose, a slice) is rare, and cloning it costs one small copy.
+    return t.clone() if t._is_view() else t
+
+
+def _tensor_bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def _storage_key(t: Any) -> tuple[str, int]:
+    # Tensors sharing one storage (views, a value saved by two ops) are counted once.
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _to(value: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def check_device(name: str) -> str:
+    """Validate a ``--device`` value; returns it as torch names it (``cuda`` -> ``cuda:0``).
+
+    Example::
+
+        check_device("cpu")   # 'cpu'
+    """
+    return str(_device(name))
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise InputError(f"expected cpu or cuda, got {name!r}", field="--device") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("CUDA is not available on this machine", field="--device")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise InputError(f"expected cpu or cuda, got {name!r}", field="--device")
+    return device
+
+
+def _positive(value: int, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"expected a positive integer, got {value!r}", field=flag)
+    return value
+
+
+def _count(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"expected a non-negative integer, got {value!r}", field="--warmup")
+    return value
+
+
+def _quartiles(samples: list[float]) -> list[float]:
+    if len(samples) < 2:
+        return [_round(samples[0])] * 2
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return [_round(q1), _round(q3)]
+
+
+def _round(ms: float) -> float:
+    return round(ms, 4)
+
+
+def _dtype(model: Any) -> str:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).replace("torch.", "")
+    return "float32"
+
+
+def _meta(
+    settings: _Settings, threads: int, split: Any, seconds: float, split_at: str | None
+) -> dict[str, Any]:
+    import torch
+
+    host: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": _cpu_model() or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    if hasattr(os, "getloadavg"):  # other work on the machine is the main source of noise
+        host["load_average_1min"] = round(os.getloadavg()[0], 2)
+    meta: dict[str, Any] = {
+        "tool": "pipeplan profile",
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "repeat": settings.repeat,
+        "warmup": settings.warmup,
+        "split_at": split_at,
+        "split_points": list(split.split_points),
+        "wall_seconds": round(seconds, 2),
+        "host": host,
+    }
+    meta["clock"] = settings.clock
+    if settings.device.type == "cpu":
+        meta["threads"] = threads
+    else:
+        meta["gpu"] = torch.cuda.get_device_name(settings.device)
+    return meta
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,175 @@
+"""What the profiler measures: parameter, output and saved bytes, optimizer state, time ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.errors import InputError
+from planner.profile import (
+    Profile,
+    load_model_file,
+    measure_layer,
+    parse_microbatch_sizes,
+    profile_model,
+)
+from planner.profile.split import split_model
+
+MODELS = Path(__file__).resolve().parent / "models"
+SKIP = MODELS / "skip.py"
+
+
+@pytest.fixture(scope="module")
+def skip_profile() -> Profile:
+    return profile_model(SKIP, [1, 3], repeat=2, warmup=1, optimizer="adam")
+
+
+def test_parameter_bytes_sum_to_the_model(skip_profile: Profile) -> None:
+    model = load_model_file(SKIP).build()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(layer.param_bytes for layer in skip_profile.layers) == total
+    assert sum(layer.param_count for layer in skip_profile.layers) == sum(
+        p.numel() for p in model.parameters()
+    )
+
+
+def test_output_bytes_are_the_tensors_crossing_each_cut(skip_profile: Profile) -> None:
+    user = load_model_file(SKIP)
+    model = user.build()
+    split = split_model(model, num_inputs=2)
+    for m in skip_profile.measurements:
+        inputs, _ = user.batch(m.microbatch_size)
+        assert m.input_bytes == sum(x.numel() * x.element_size() for x in inputs)
+        with torch.no_grad():
+            for i, timing in enumerate(m.layers):
+                out = split.stage(0, i)(*inputs)
+                tensors = out if isinstance(out, tuple) else (out,)
+                assert timing.output_bytes == sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_saved_bytes_are_positive_for_layers_with_weights(skip_profile: Profile) -> None:
+    for m in skip_profile.measurements:
+        for layer, timing in zip(skip_profile.layers, m.layers, strict=True):
+            assert layer.param_bytes > 0
+            assert timing.saved_bytes > 0
+    # Activations grow with the microbatch; parameters are not activations.
+    small, large = skip_profile.measurements
+    assert all(
+        b.saved_bytes > a.saved_bytes for a, b in zip(small.layers, large.layers, strict=True)
+    )
+
+
+def test_times_are_medians_inside_their_spread(skip_profile: Profile) -> None:
+    for m in skip_profile.measurements:
+        for t in m.layers:
+            for name in ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"):
+                low, high = t.spread[name]
+                assert low <= getattr(t, name) <= high
+            assert t.forward_ms > 0 and t.backward_ms > 0
+
+
+def test_first_layer_has_no_input_half_for_integer_inputs() -> None:
+    # Token ids need no gradient: the first layer's backward is all weight half.
+    profile = profile_model(
+        Path(__file__).resolve().parent.parent / "examples" / "gpt.py",
+        [1],
+        repeat=1,
+        warmup=0,
+        split_at="blocks.0",
+    )
+    first = profile.measurements[0].layers[0]
+    assert profile.layers[0].name == "embed"
+    assert first.backward_input_ms == 0 and first.backward_weight_ms > 0
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum", "sgd"])
+def test_optimizer_state_bytes_match_torch_optimizers(optimizer: str) -> None:
+    profile = profile_model(SKIP, [1], repeat=1, warmup=0, optimizer=optimizer)
+    model = load_model_file(SKIP).build()
+    opt: torch.optim.Optimizer
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters())
+    elif optimizer == "momentum":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    # Per-parameter state tensors, except Adam's scalar step counters.
+    state = sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for key, t in s.items()
+        if isinstance(t, torch.Tensor) and key != "step"
+    )
+    assert sum(layer.optimizer_state_bytes for layer in profile.layers) == state
+
+
+def test_second_half_four_times_heavier_shows_the_ratio() -> None:
+    profile = profile_model(MODELS / "heavy_half.py", [2], repeat=7, warmup=2)
+    t = profile.measurements[0].layers
+
+    def work(i: int) -> float:
+        return t[i].forward_ms + t[i].backward_ms
+
+    ratio = (work(2) + work(3)) / (work(0) + work(1))
+    assert 4 * 0.7 <= ratio <= 4 * 1.3, ratio
+    forward = (t[2].forward_ms + t[3].forward_ms) / (t[0].forward_ms + t[1].forward_ms)
+    assert 4 * 0.7 <= forward <= 4 * 1.3, forward
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1,2,4", [1, 2, 4]), ("8, 2,2", [2, 8]), ([3, 1], [1, 3]), ("16", [16])],
+)
+def test_microbatch_sizes_parse(text: str | list[int], expected: list[int]) -> None:
+    assert parse_microbatch_sizes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "1,0", "-2", "two", "1.5", "", "1,,2"])
+def test_bad_microbatch_sizes_are_rejected(text: str) -> None:
+    with pytest.raises(InputError, match="-b"):
+        parse_microbatch_sizes(text)
+
+
+def test_threads_are_restored_after_profiling() -> None:
+    before = torch.get_num_threads()
+    profile = profile_model(SKIP, [1], repeat=1, warmup=0, threads=1)
+    assert torch.get_num_threads() == before
+    assert profile.meta["threads"] == 1
+    assert profile.device == "cpu" and profile.meta["host"]["cpu_count"]
+
+
+def test_a_layer_whose_outputs_are_views_is_measured() -> None:
+    # The zero-bubble input half detaches outputs in place; views must not break it.
+    class Views(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.fc(x).transpose(0, 1), x[:, :2]
+
+    timing, outputs = measure_layer(Views(), (torch.randn(3, 4),), repeat=2, warmup=1)
+    assert timing.output_bytes == 4 * (12 + 6)
+    assert timing.saved_bytes > 0
+    assert timing.backward_input_ms > 0 and timing.backward_weight_ms > 0
+    assert [tuple(t.shape) for t in outputs] == [(4, 3), (3, 2)]
+    assert not any(t.requires_grad for t in outputs)
+
+
+def test_a_layer_with_an_unused_parameter_is_measured() -> None:
+    class Unused(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.spare = torch.nn.Linear(4, 4)  # never called
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.fc(x),)
+
+    timing, _ = measure_layer(Unused(), (torch.randn(3, 4),), repeat=2, warmup=1)
+    assert timing.backward_ms > 0 and timing.backward_weight_ms > 0
