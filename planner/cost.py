@@ -1,0 +1,287 @@
+"""The cost model: time and memory of one pipeline stage, read off the profile.
+
+A stage is the inclusive layer range ``first..last`` of a profile. Everything here is a
+plain sum over the profiled layers, so the solver can call it in its inner loops and the
+simulator and the solver can never disagree about what a stage costs.
+
+Memory of one device of a stage (plain data parallelism: every replica holds a full copy)::
+
+    static      = weights + gradients + optimizer state              (stage_static_bytes)
+    versions    = (weight_versions - 1) * weights                    (2bw keeps two)
+    activations = in_flight * stage_activation_bytes + workspace
+    recompute   : in_flight * stage input + one microbatch's full activations, rebuilt
+                  during its backward
+
+Example::
+
+    f, b = stage_compute_ms(profile, 0, 3, 4)
+    peak = stage_memory_bytes(profile, 0, 3, 4, in_flight=4)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import InputError
+from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+
+__all__ = [
+    "StageTimes",
+    "boundary_bytes",
+    "stage_activation_bytes",
+    "stage_compute_ms",
+    "stage_input_bytes",
+    "stage_memory_bytes",
+    "stage_param_bytes",
+    "stage_static_bytes",
+    "stage_times",
+    "synthetic_profile",
+]
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per-microbatch compute times of one stage on one device, in milliseconds.
+
+    ``backward_ms`` is the whole backward (``input_grad_ms + weight_grad_ms`` is what
+    zero-bubble schedules run as two separate actions). With recompute, the re-run
+    forward is part of ``backward_ms`` and of ``input_grad_ms``.
+    """
+
+    forward_ms: float
+    backward_ms: float
+    input_grad_ms: float
+    weight_grad_ms: float
+
+
+def _check_range(profile: Profile, first: int, last: int) -> None:
+    if not 0 <= first <= last < profile.num_layers:
+        raise InputError(
+            f"layer range [{first}, {last}] is not inside 0..{profile.num_layers - 1}",
+            field="stages.layers",
+        )
+
+
+def stage_times(
+    profile: Profile,
+    first: int,
+    last: int,
+    microbatch_size: int,
+    *,
+    speed: float = 1.0,
+    recompute: bool = False,
+) -> StageTimes:
+    """Forward, backward and the backward's two halves of layers ``first..last``.
+
+    Profiled times are divided by the device ``speed``. When a profile's split halves are
+    missing (both zero) the weight half is taken as zero and the input half as the whole
+    backward, so a B/W split schedule never becomes cheaper than it can be.
+
+    Example::
+
+        t = stage_times(profile, 0, 3, 4, speed=2.0)
+        t.forward_ms, t.input_grad_ms, t.weight_grad_ms
+    """
+    _check_range(profile, first, last)
+    if speed <= 0:
+        raise InputError(f"expected a positive device speed, got {speed}", field="speed")
+    layers = profile.measurement(microbatch_size).layers[first : last + 1]
+    fwd = sum(t.forward_ms for t in layers)
+    bwd = sum(t.backward_ms for t in layers)
+    bi = sum(t.backward_input_ms for t in layers)
+    bw = sum(t.backward_weight_ms for t in layers)
+    if bi + bw <= 0.0:
+        bi, bw = bwd, 0.0
+    else:
+        # The halves are measured separately; scale them so that they add up to the whole.
+        scale = bwd / (bi + bw) if bwd > 0 else 1.0
+        bi, bw = bi * scale, bw * scale
+        if bwd <= 0:
+            bwd = bi + bw
+    extra = fwd if recompute else 0.0
+    return StageTimes(
+        forward_ms=fwd / speed,
+        backward_ms=(bwd + extra) / speed,
+        input_grad_ms=(bi + extra) / speed,
+        weight_grad_ms=bw / speed,
+    )
+
+
+def stage_compute_ms(
+    profile: Profile,
+    first: int,
+    last: int,
+    microbatch_size: int,
+    *,
+    speed: float = 1.0,
+    recompute: bool = False,
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)`` of one microbatch on layers ``first..last``.
+
+    Recompute adds one forward to the backward.
+
+    Example::
+
+        f, b = stage_compute_ms(profile, 0, 3, 4, speed=1.0, recompute=True)
+    """
+    t = stage_times(profile, first, last, microbatch_size, speed=speed, recompute=recompute)
+    return t.forward_ms, t.backward_ms
+
+
+def stage_param_bytes(profile: Profile, first: int, last: int) -> int:
+    """Bytes of the weights of layers ``first..last`` (one version).
+
+    Example::
+
+        stage_param_bytes(profile, 0, 3)
+    """
+    _check_range(profile, first, last)
+    return sum(layer.param_bytes for layer in profile.layers[first : last + 1])
+
+
+def stage_static_bytes(profile: Profile, first: int, last: int, *, replicas: int = 1) -> int:
+    """Weights + gradients + optimizer state held by each device of the stage.
+
+    Replicas are plain data parallelism (each holds everything), so ``replicas`` does not
+    shrink the total; it is accepted so callers need not special-case replicated stages.
+
+    Example::
+
+        stage_static_bytes(profile, 0, 3, replicas=2)
+    """
+    _check_range(profile, first, last)
+    if replicas < 1:
+        raise InputError(f"expected at least one replica, got {replicas}", field="devices")
+    layers = profile.layers[first : last + 1]
+    return sum(
+        layer.param_bytes + layer.gradient_bytes + layer.optimizer_state_bytes for layer in layers
+    )
+
+
+def stage_input_bytes(profile: Profile, first: int, microbatch_size: int) -> int:
+    """Bytes that enter a stage starting at layer ``first`` per microbatch.
+
+    Example::
+
+        stage_input_bytes(profile, 4, 8)   # = boundary_bytes(profile, 3, 8)
+    """
+    if first == 0:
+        return profile.measurement(microbatch_size).input_bytes
+    return boundary_bytes(profile, first - 1, microbatch_size)
+
+
+def stage_activation_bytes(
+    profile: Profile, first: int, last: int, microbatch_size: int, *, recompute: bool = False
+) -> int:
+    """Activation memory one in-flight microbatch keeps on the stage until its backward.
+
+    Without recompute that is the layers' ``saved_bytes``; with recompute only the stage's
+    input is stashed (the rest is rebuilt by re-running the forward).
+
+    Example::
+
+        stage_activation_bytes(profile, 0, 3, 4, recompute=True)
+    """
+    _check_range(profile, first, last)
+    if recompute:
+        return stage_input_bytes(profile, first, microbatch_size)
+    layers = profile.measurement(microbatch_size).layers[first : last + 1]
+    return sum(t.saved_bytes for t in layers)
+
+
+def _workspace_bytes(profile: Profile, first: int, last: int, microbatch_size: int) -> int:
+    layers = profile.measurement(microbatch_size).layers[first : last + 1]
+    return max((t.workspace_bytes for t in layers), default=0)
+
+
+def stage_memory_bytes(
+    profile: Profile,
+    first: int,
+    last: int,
+    microbatch_size: int,
+    in_flight: int,
+    *,
+    recompute: bool = False,
+    weight_versions: int = 1,
+) -> int:
+    """Peak memory of one device of the stage with ``in_flight`` microbatches stashed.
+
+    ``weight_versions`` > 1 adds extra copies of the weights (2 for PipeDream-2BW). With
+    recompute, one microbatch's full activations exist while its backward runs.
+
+    Example::
+
+        stage_memory_bytes(profile, 0, 3, 4, in_flight=4, weight_versions=2)
+    """
+    if in_flight < 0 or weight_versions < 1:
+        raise InputError(
+            f"expected in_flight >= 0 and weight_versions >= 1, got {in_flight}, {weight_versions}",
+            field="in_flight",
+        )
+    total = stage_static_bytes(profile, first, last)
+    total += (weight_versions - 1) * stage_param_bytes(profile, first, last)
+    total += in_flight * stage_activation_bytes(
+        profile, first, last, microbatch_size, recompute=recompute
+    )
+    if recompute and in_flight > 0:
+        total += stage_activation_bytes(profile, first, last, microbatch_size)
+    return total + _workspace_bytes(profile, first, last, microbatch_size)
+
+
+def boundary_bytes(profile: Profile, last: int, microbatch_size: int) -> int:
+    """Bytes sent forward across the cut after layer ``last`` per microbatch.
+
+    The gradient sent back across the same cut has the same size.
+
+    Example::
+
+        boundary_bytes(profile, 3, 4)
+    """
+    if not 0 <= last < profile.num_layers:
+        raise InputError(
+            f"cut after layer {last} is not inside 0..{profile.num_layers - 1}",
+            field="stages.layers",
+        )
+    return profile.cut_bytes(microbatch_size, last)
+
+
+def synthetic_profile(
+    num_layers: int,
+    *,
+    forward_ms: float = 1.0,
+    backward_input_ms: float = 1.0,
+    backward_weight_ms: float = 1.0,
+    param_bytes: int = 1000,
+    optimizer_state_bytes: int = 2000,
+    output_bytes: int = 100,
+    saved_bytes: int = 10,
+    input_bytes: int = 100,
+    microbatch_size: int = 1,
+) -> Profile:
+    """A profile of identical layers with exact numbers, for tests and benchmarks.
+
+    Example::
+
+        profile = synthetic_profile(8, forward_ms=1.0)   # backward 2.0 = 1.0 + 1.0
+    """
+    layers = [
+        Layer(f"layer{i}", param_bytes // 4, param_bytes, optimizer_state_bytes)
+        for i in range(num_layers)
+    ]
+    timings = [
+        LayerTiming(
+            forward_ms,
+            backward_input_ms + backward_weight_ms,
+            backward_input_ms,
+            backward_weight_ms,
+            output_bytes,
+            saved_bytes,
+        )
+        for _ in range(num_layers)
+    ]
+    return Profile(
+        "synthetic",
+        layers,
+        [Measurement(microbatch_size, input_bytes, timings)],
+        meta={"origin": "synthetic"},
+    )

@@ -1,0 +1,344 @@
+"""The plan format (``pipeplan.plan/v1``): stages, schedule, predictions, solver facts.
+
+A :class:`Plan` is what ``pipeplan solve`` and ``pipeplan simulate -o`` write and what
+``pipeplan show`` and ``pipeplan run`` read. :func:`validate_stages` is the single check
+that a partition covers the model's layers exactly once on known, distinct devices.
+
+Example::
+
+    stages = parse_stages("0-3:gpu0,gpu1;4-7:gpu2")
+    validate_stages(stages, num_layers=8, topology=None)
+    plan = Plan.load("plan.json")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.fileio import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = [
+    "SCHEMA",
+    "Plan",
+    "StageSpec",
+    "parse_stages",
+    "plan_from_dict",
+    "stages_from_data",
+    "validate_stages",
+]
+
+SCHEMA = "pipeplan.plan/v1"
+
+
+@dataclass
+class StageSpec:
+    """One pipeline stage: an inclusive layer range on one or more devices.
+
+    More than one device means data-parallel replicas; microbatch ``k`` of the stage runs
+    on replica ``k % len(devices)`` (PipeDream-style round robin).
+    """
+
+    id: int
+    layers: tuple[int, int]
+    devices: list[str]
+    recompute: bool = False
+
+    @property
+    def first(self) -> int:
+        return self.layers[0]
+
+    @property
+    def last(self) -> int:
+        return self.layers[1]
+
+    def replica(self, microbatch: int) -> str:
+        """The device that runs ``microbatch`` of this stage."""
+        return self.devices[microbatch % len(self.devices)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "layers": [self.layers[0], self.layers[1]],
+            "devices": list(self.devices),
+            "recompute": self.recompute,
+        }
+
+
+@dataclass
+class Plan:
+    """A complete plan; mirrors the contract's plan JSON field by field."""
+
+    profile: dict[str, Any]
+    topology: dict[str, Any]
+    microbatch_size: int
+    num_microbatches: int
+    stages: list[StageSpec]
+    schedule: dict[str, Any]
+    predicted: dict[str, Any] = field(default_factory=dict)
+    solver: dict[str, Any] = field(default_factory=dict)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "profile": dict(self.profile),
+            "topology": dict(self.topology),
+            "microbatch_size": self.microbatch_size,
+            "num_microbatches": self.num_microbatches,
+            "stages": [s.to_dict() for s in self.stages],
+            "schedule": self.schedule,
+            "predicted": self.predicted,
+            "solver": self.solver,
+            "baselines": list(self.baselines),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan atomically as JSON.
+
+        Example::
+
+            plan.save("plan.json")
+        """
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read and validate a plan file; problems name the file and the field.
+
+        Example::
+
+            plan = Plan.load("plan.json")
+        """
+        return plan_from_dict(read_json(path), source=str(path))
+
+
+def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
+    """Validate a decoded plan JSON object.
+
+    Example::
+
+        plan = plan_from_dict(json.loads(text), source="plan.json")
+    """
+
+    def fail(where: str, message: str) -> Any:
+        raise InputError(message, file=source, field=where)
+
+    if not isinstance(data, dict):
+        fail("", "expected a JSON object at the top level")
+    if data.get("schema") != SCHEMA:
+        fail("schema", f"expected {SCHEMA!r}, got {data.get('schema')!r}")
+    for key in ("profile", "topology"):
+        ref = data.get(key)
+        path_ok = isinstance(ref, dict) and (
+            isinstance(ref.get("path"), str) or (key == "topology" and ref.get("path") is None)
+        )
+        if not path_ok:
+            fail(key, 'expected an object {"path": ..., "sha256": ...}')
+    for key in ("microbatch_size", "num_microbatches"):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail(key, f"expected a positive integer, got {value!r}")
+    stages = stages_from_data(data.get("stages"), source=source)
+    schedule = data.get("schedule")
+    if not isinstance(schedule, dict) or not isinstance(schedule.get("name"), str):
+        fail("schedule", 'expected an object with a "name" and the per-device op order')
+    for key in ("predicted", "solver"):
+        if not isinstance(data.get(key, {}), dict):
+            fail(key, "expected an object")
+    baselines = data.get("baselines", [])
+    if not isinstance(baselines, list) or not all(isinstance(b, dict) for b in baselines):
+        fail("baselines", "expected a list of {name, iteration_ms, feasible} objects")
+    num_layers = max(s.last for s in stages) + 1
+    virtual = schedule.get("virtual_stages", 1)
+    shared = schedule.get("name") == "interleaved" or (isinstance(virtual, int) and virtual > 1)
+    validate_stages(stages, num_layers, None, source=source, allow_shared_devices=shared)
+    return Plan(
+        profile=dict(data["profile"]),
+        topology=dict(data["topology"]),
+        microbatch_size=data["microbatch_size"],
+        num_microbatches=data["num_microbatches"],
+        stages=stages,
+        schedule=schedule,
+        predicted=dict(data.get("predicted", {})),
+        solver=dict(data.get("solver", {})),
+        baselines=list(baselines),
+    )
+
+
+def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
+    """Stages from their JSON/YAML form (a list of ``{id?, layers, devices, recompute?}``).
+
+    Example::
+
+        stages_from_data([{"layers": [0, 3], "devices": ["gpu0"]}])
+    """
+    if not isinstance(raw, list) or not raw:
+        raise InputError("expected a non-empty list of stages", file=source, field="stages")
+    stages = []
+    for i, item in enumerate(raw):
+        where = f"stages[{i}]"
+        if not isinstance(item, dict):
+            raise InputError("expected an object", file=source, field=where)
+        layers = item.get("layers")
+        ok = isinstance(layers, list | tuple) and len(layers) == 2
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in layers or ())
+        if not ok:
+            raise InputError(
+                f"expected [first, last] layer indices, got {layers!r}",
+                file=source,
+                field=f"{where}.layers",
+            )
+        devices = item.get("devices")
+        if isinstance(devices, str):
+            devices = [devices]
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise InputError(
+                f"expected a list of device names, got {devices!r}",
+                file=source,
+                field=f"{where}.devices",
+            )
+        sid = item.get("id", i)
+        if sid != i:
+            raise InputError(
+                f"expected stage ids 0, 1, 2, ... in order; stage {i} has id {sid!r}",
+                file=source,
+                field=f"{where}.id",
+            )
+        stages.append(
+            StageSpec(
+                id=i,
+                layers=(layers[0], layers[1]),  # type: ignore[index]
+                devices=list(devices),
+                recompute=bool(item.get("recompute", False)),
+            )
+        )
+    return stages
+
+
+def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]:
+    """Parse the ``--stages`` shorthand ``"0-3:gpu0,gpu1;4-7:gpu2"``.
+
+    Each ``;``-separated part is ``FIRST-LAST:DEV[,DEV...]`` (a single layer may be
+    written ``5:gpu3``). ``recompute`` lists stage ids whose activations are recomputed.
+
+    Example::
+
+        parse_stages("0-3:gpu0,gpu1;4-7:gpu2", recompute=[1])
+    """
+    stages = []
+    parts = [p.strip() for p in text.split(";") if p.strip()]
+    if not parts:
+        raise InputError("expected stages like '0-3:gpu0,gpu1;4-7:gpu2'", field="--stages")
+    for i, part in enumerate(parts):
+        span, sep, devs = part.partition(":")
+        first_s, dash, last_s = span.strip().partition("-")
+        if not dash:
+            last_s = first_s
+        try:
+            first, last = int(first_s), int(last_s)
+        except ValueError:
+            raise InputError(
+                f"stage {i}: expected FIRST-LAST:DEVICES like '0-3:gpu0', got {part!r}",
+                field="--stages",
+            ) from None
+        devices = [d.strip() for d in devs.split(",") if d.strip()]
+        if not sep or not devices:
+            raise InputError(
+                f"stage {i}: expected at least one device after ':', got {part!r}",
+                field="--stages",
+            )
+        stages.append(StageSpec(id=i, layers=(first, last), devices=devices))
+    for sid in recompute:
+        if not 0 <= sid < len(stages):
+            raise InputError(
+                f"stage {sid} does not exist (stages are 0..{len(stages) - 1})",
+                field="--recompute",
+            )
+        stages[sid].recompute = True
+    return stages
+
+
+def validate_stages(
+    stages: Sequence[StageSpec],
+    num_layers: int,
+    topology: Topology | None,
+    *,
+    source: str | None = None,
+    allow_shared_devices: bool = False,
+) -> None:
+    """Reject partitions with gaps, overlaps, unknown or repeated devices.
+
+    Stages must cover layers ``0..num_layers-1`` in order, each exactly once. With a
+    topology every device must be one of its devices. A device may appear in several
+    stages only with ``allow_shared_devices`` (interleaved schedules place ``v`` stages on
+    each device).
+
+    Example::
+
+        validate_stages(parse_stages("0-3:gpu0;4-7:gpu1"), 8, topology)
+    """
+
+    def fail(where: str, message: str) -> None:
+        raise InputError(message, file=source, field=where)
+
+    if not stages:
+        fail("stages", "expected at least one stage")
+    expected = 0
+    for i, stage in enumerate(stages):
+        first, last = stage.layers
+        where = f"stages[{i}]"
+        if stage.id != i:
+            fail(f"{where}.id", f"expected id {i}, got {stage.id}")
+        if first > last:
+            fail(f"{where}.layers", f"first layer {first} is after last layer {last}")
+        if first > expected:
+            fail(f"{where}.layers", f"gap: layers {expected}..{first - 1} belong to no stage")
+        if first < expected:
+            fail(
+                f"{where}.layers",
+                f"overlap: layers {first}..{min(last, expected - 1)} are already in an "
+                "earlier stage",
+            )
+        expected = last + 1
+        if not stage.devices:
+            fail(f"{where}.devices", "expected at least one device")
+        if len(set(stage.devices)) != len(stage.devices):
+            fail(f"{where}.devices", f"a device is listed twice: {stage.devices}")
+    if expected < num_layers:
+        fail(
+            "stages",
+            f"gap: layers {expected}..{num_layers - 1} belong to no stage "
+            f"(the model has {num_layers} layers)",
+        )
+    if expected > num_layers:
+        fail(
+            f"stages[{len(stages) - 1}].layers",
+            f"layer {expected - 1} does not exist (the model has layers 0..{num_layers - 1})",
+        )
+    if topology is not None:
+        known = set(topology.device_names())
+        for i, stage in enumerate(stages):
+            for dev in stage.devices:
+                if dev not in known:
+                    fail(
+                        f"stages[{i}].devices",
+                        f"unknown device {dev!r}; the topology has {sorted(known)}",
+                    )
+    if not allow_shared_devices:
+        owner: dict[str, int] = {}
+        for i, stage in enumerate(stages):
+            for dev in stage.devices:
+                if dev in owner:
+                    fail(
+                        f"stages[{i}].devices",
+                        f"device {dev!r} is also in stage {owner[dev]}; only the interleaved "
+                        "schedule places several stages on one device",
+                    )
+                owner[dev] = i

@@ -1,0 +1,243 @@
+"""Microbatch schedules: generators, the action data types and validation.
+
+Example::
+
+    from planner.schedule import build_schedule
+    sched = build_schedule("1f1b", stages, num_microbatches=8)
+    print(sched.text())
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
+from planner.schedule.expand import ComputeOp
+from planner.schedule.gpipe import gpipe_order
+from planner.schedule.interleaved import interleaved_order
+from planner.schedule.pipedream import onef1b_order
+from planner.schedule.validate import validate_order, validate_schedule
+from planner.schedule.zerobubble import zb_order
+
+if TYPE_CHECKING:
+    from planner.plan import StageSpec
+
+__all__ = [
+    "COMPUTE",
+    "SCHEDULES",
+    "Action",
+    "ActionType",
+    "Schedule",
+    "build_schedule",
+    "device_groups",
+    "in_flight_microbatches",
+    "schedule_from_order",
+    "validate_order",
+    "validate_schedule",
+]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "2bw", "optimized")
+
+
+def device_groups(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
+    """The pipeline ranks: distinct device lists in stage order.
+
+    Example::
+
+        device_groups(parse_stages("0-1:gpu0;2-3:gpu1;4-5:gpu0;6-7:gpu1"))  # 2 ranks
+    """
+    groups: list[tuple[str, ...]] = []
+    for stage in stages:
+        group = tuple(stage.devices)
+        if group not in groups:
+            groups.append(group)
+    return groups
+
+
+def _virtual_stages(stages: Sequence[StageSpec], requested: int) -> int:
+    groups = device_groups(stages)
+    p = len(groups)
+    v = len(stages) // p
+    if p * v != len(stages) or any(tuple(s.devices) != groups[i % p] for i, s in enumerate(stages)):
+        raise InputError(
+            "the interleaved schedule needs stage s on the same devices as stage s mod p "
+            f"(p = {p} device groups, {len(stages)} stages); e.g. "
+            "'0-1:gpu0;2-3:gpu1;4-5:gpu0;6-7:gpu1'",
+            field="stages",
+        )
+    if requested > 1 and requested != v:
+        raise InputError(
+            f"--virtual-stages {requested} does not match the partition: {len(stages)} "
+            f"stages on {p} device groups give {v} virtual stages per device",
+            field="virtual_stages",
+        )
+    return v
+
+
+def schedule_from_order(
+    name: str,
+    stages: Sequence[StageSpec],
+    order: dict[int, list[ComputeOp]],
+    num_microbatches: int,
+    *,
+    virtual_stages: int = 1,
+    iterations: int = 1,
+    flush: bool = True,
+    meta: dict[str, Any] | None = None,
+) -> Schedule:
+    """A :class:`Schedule` from a per-rank compute order, which is validated first.
+
+    Example::
+
+        schedule_from_order("mine", stages, {0: [("F", 0, 0), ("B", 0, 0)]}, 1)
+    """
+    validate_order(order, stages, num_microbatches * iterations)
+    return Schedule(
+        name,
+        len(stages),
+        num_microbatches,
+        virtual_stages=virtual_stages,
+        flush=flush,
+        iterations=iterations,
+        meta=meta,
+        order=order,
+        stages=stages,
+    )
+
+
+def build_schedule(
+    name: str,
+    stages: Sequence[StageSpec],
+    num_microbatches: int,
+    *,
+    virtual_stages: int = 1,
+    iterations: int = 1,
+    **kw: Any,
+) -> Schedule:
+    """Generate and validate the named schedule for a partition.
+
+    ``iterations > 1`` concatenates iterations (2bw: without a flush). ``"optimized"``
+    needs ``profile=`` and ``microbatch_size=`` (and takes ``topology=``,
+    ``memory_limits=``) because it searches by simulating.
+
+    Example::
+
+        build_schedule("zb", stages, 8)
+        build_schedule("interleaved", stages, 8)   # stages: p*v chunks, s on group s % p
+    """
+    if name not in SCHEDULES:
+        raise InputError(
+            f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
+        )
+    m = num_microbatches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise InputError(
+            f"expected a positive number of microbatches, got {m!r}", field="num_microbatches"
+        )
+    for stage in stages:
+        if len(stage.devices) > m:
+            raise InputError(
+                f"stage {stage.id} has {len(stage.devices)} replicas but there are only {m} "
+                "microbatches; every replica needs at least one",
+                field="num_microbatches",
+            )
+    p = len(stages)
+    v = 1
+    if name == "interleaved":
+        v = _virtual_stages(stages, virtual_stages)
+    elif virtual_stages > 1:
+        raise InputError(
+            f"virtual stages are only used by the interleaved schedule, not {name!r}",
+            field="virtual_stages",
+        )
+    if name != "optimized":
+        groups = tuple(tuple(st.devices) for st in stages)
+        order = _validated_order(name, m, v, iterations, groups)
+        return Schedule(
+            name,
+            p,
+            m,
+            virtual_stages=v,
+            flush=name != "2bw",
+            iterations=iterations,
+            order=order,
+            stages=stages,
+        )
+    from planner.schedule.optimized import optimized_schedule
+
+    return optimized_schedule(stages, m, **kw)
+
+
+@functools.lru_cache(maxsize=64)
+def _validated_order(
+    name: str, m: int, v: int, iterations: int, groups: tuple[tuple[str, ...], ...]
+) -> dict[int, list[ComputeOp]]:
+    """Generate and validate a named order; cached because the solver simulates many
+    partitions of the same shape (the order depends only on the devices, not the layers)."""
+    p = len(groups)
+    if name == "interleaved":
+        order = onef1b_order(p, m) if v == 1 else interleaved_order(p // v, v, m)
+    elif name == "2bw":
+        order = onef1b_order(p, m, iterations=iterations)
+    else:
+        flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
+        order = _repeat(flushed[name](p, m), m, iterations)
+    from planner.plan import StageSpec
+
+    shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
+    validate_order(order, shape, m * iterations)
+    return order
+
+
+def _repeat(
+    order: dict[int, list[ComputeOp]], m: int, iterations: int
+) -> dict[int, list[ComputeOp]]:
+    """The same order ``iterations`` times (with a flush between), microbatches renumbered."""
+    if iterations == 1:
+        return order
+    return {
+        rank: [(kind, s, k + i * m) for i in range(iterations) for kind, s, k in ops]
+        for rank, ops in order.items()
+    }
+
+
+def in_flight_microbatches(
+    name: str,
+    num_stages: int,
+    stage_index: int,
+    num_microbatches: int,
+    *,
+    virtual_stages: int = 1,
+) -> int:
+    """Microbatches whose activations a stage holds at its peak under a schedule.
+
+    For ``interleaved`` ``num_stages`` is the number of devices ``p``, ``stage_index``
+    the device rank, and the count is chunk-microbatches over all ``v`` chunks of that
+    device (each chunk's activations are ``1/v`` of the device's share). ``optimized``
+    returns 1F1B's count, the depth its search starts from.
+
+    Example::
+
+        in_flight_microbatches("1f1b", 4, 0, 8)   # 4
+    """
+    p, s, m = num_stages, stage_index, num_microbatches
+    if name == "gpipe":
+        return m
+    if name == "2bw":
+        # No flush: the next iteration's microbatches keep the pipeline full.
+        return p - s
+    if name in ("1f1b", "optimized"):
+        return min(p - s, m)
+    if name == "zb":
+        return min(p, m)
+    if name == "interleaved":
+        v = virtual_stages
+        if v == 1:
+            return min(p - s, m)
+        return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)
+    raise InputError(
+        f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
+    )

@@ -1,0 +1,242 @@
+"""Schedules: closed-form times with free communication, memory in flight, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cost import synthetic_profile
+from planner.errors import InputError
+from planner.plan import StageSpec, parse_stages
+from planner.schedule import (
+    SCHEDULES,
+    Action,
+    ActionType,
+    Schedule,
+    build_schedule,
+    in_flight_microbatches,
+    validate_schedule,
+)
+from planner.simulate import STREAM_ITERATIONS, simulate
+
+# Binary fractions keep every sum exact, so the closed forms can be compared with ==.
+F, BI, BW = 0.5, 1.25, 0.75
+B = BI + BW
+
+
+def _chain(p: int, per_stage: int = 1, devices: list[str] | None = None) -> list[StageSpec]:
+    names = devices or [f"d{i}" for i in range(p)]
+    return [StageSpec(i, (i * per_stage, (i + 1) * per_stage - 1), [names[i]]) for i in range(p)]
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 1), (1, 5), (2, 1), (3, 4), (4, 8), (5, 3), (6, 17)])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_gpipe_and_1f1b_closed_form(name: str, p: int, m: int) -> None:
+    prof = synthetic_profile(p, forward_ms=F, backward_input_ms=BI, backward_weight_ms=BW)
+    result = simulate(prof, None, _chain(p), name, m)
+    assert result.iteration_ms == (m + p - 1) * (F + B)
+    assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 3, 12), (3, 2, 6), (4, 2, 4)])
+def test_interleaved_bubble_is_divided_by_v(p: int, v: int, m: int) -> None:
+    # p*v chunks of one layer each; f and b per device are v chunk times.
+    prof = synthetic_profile(p * v, forward_ms=F, backward_input_ms=BI, backward_weight_ms=BW)
+    devices = [f"d{i}" for i in range(p)]
+    stages = [StageSpec(i, (i, i), [devices[i % p]]) for i in range(p * v)]
+    result = simulate(prof, None, stages, "interleaved", m)
+    f_dev, b_dev = v * F, v * B
+    assert result.iteration_ms == pytest.approx(m * (f_dev + b_dev) + (p - 1) * (f_dev + b_dev) / v)
+    assert result.schedule.virtual_stages == v
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (3, 6), (4, 4), (4, 8), (6, 12), (8, 32)])
+def test_zero_bubble_is_a_third_of_1f1b_with_equal_halves(p: int, m: int) -> None:
+    prof = synthetic_profile(p, forward_ms=1.0, backward_input_ms=1.0, backward_weight_ms=1.0)
+    work = m * 3.0
+    zb = simulate(prof, None, _chain(p), "zb", m)
+    ofob = simulate(prof, None, _chain(p), "1f1b", m)
+    assert zb.iteration_ms - work <= (ofob.iteration_ms - work) / 3 + 1e-9
+    # Same peak memory as 1F1B (stage 0 holds p microbatches in both).
+    assert max(zb.memory_bytes.values()) == max(ofob.memory_bytes.values())
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb", "2bw"])
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 2), (3, 3)])
+def test_activations_in_flight(name: str, p: int, m: int) -> None:
+    saved = 64
+    prof = synthetic_profile(p, saved_bytes=saved, param_bytes=0, optimizer_state_bytes=0)
+    result = simulate(prof, None, _chain(p), name, m)
+    for s in range(p):
+        held = result.memory_bytes[f"d{s}"] // saved
+        assert held == in_flight_microbatches(name, p, s, m)
+        if name in ("1f1b", "2bw"):
+            assert held <= p - s
+        if name == "gpipe":
+            assert held == m
+
+
+def test_every_generator_output_passes_the_full_validator() -> None:
+    prof = synthetic_profile(8)
+    shapes = [
+        ("0-1:a;2-3:b;4-5:c;6-7:d", {}),
+        ("0-2:a,b;3-5:c;6-7:d,e,f", {}),
+        ("0-7:a", {}),
+        ("0:a;1:b;2:c;3:d;4:a;5:b;6:c;7:d", {"virtual_stages": 2}),
+    ]
+    for text, kw in shapes:
+        stages = parse_stages(text)
+        names = ["interleaved"] if kw else [n for n in SCHEDULES if n != "interleaved"]
+        for name in names:
+            extra = {"profile": prof, "microbatch_size": 1} if name == "optimized" else {}
+            sched = build_schedule(name, stages, 8, **kw, **extra)
+            validate_schedule(sched, stages)
+            again = Schedule.from_dict(sched.to_dict())
+            validate_schedule(again, stages)
+            assert again.devices == sched.devices
+            # The expanded lists time exactly like the compact order.
+            direct = simulate(prof, None, stages, sched, 8)
+            stored = simulate(prof, None, stages, again, 8)
+            assert direct.iteration_ms == stored.iteration_ms
+            assert direct.memory_bytes == stored.memory_bytes
+
+
+def test_2bw_runs_without_flush() -> None:
+    p, m = 4, 8
+    prof = synthetic_profile(p, forward_ms=F, backward_input_ms=BI, backward_weight_ms=BW)
+    result = simulate(prof, None, _chain(p), "2bw", m)
+    # A stream of K iterations without flush fills and drains once: (K m + p - 1)(f + b).
+    k = STREAM_ITERATIONS
+    assert result.iteration_ms == pytest.approx((k * m + p - 1) * (F + B) / k)
+    assert result.iteration_ms < simulate(prof, None, _chain(p), "1f1b", m).iteration_ms
+    assert result.staleness == [1] * p
+    assert result.schedule.flush is False
+
+
+def test_optimized_is_never_worse_than_1f1b_on_uneven_stages() -> None:
+    prof = synthetic_profile(8)
+    for i, t in enumerate(prof.measurements[0].layers):
+        t.forward_ms = [1, 3, 1, 1, 2, 1, 1, 4][i]
+        t.backward_input_ms = t.forward_ms
+        t.backward_weight_ms = [1, 1, 5, 1, 1, 1, 3, 1][i]
+        t.backward_ms = t.backward_input_ms + t.backward_weight_ms
+    stages = parse_stages("0-1:a;2-3:b;4-5:c;6-7:d")
+    best = simulate(prof, None, stages, "optimized", 8)
+    for name in ("1f1b", "zb"):
+        assert best.iteration_ms <= simulate(prof, None, stages, name, 8).iteration_ms
+    assert best.schedule.meta["warmup"]
+
+
+def test_optimized_respects_memory_limits() -> None:
+    prof = synthetic_profile(4, saved_bytes=1000, param_bytes=0, optimizer_state_bytes=0)
+    stages = _chain(4)
+    limits = {f"d{s}": 2000 for s in range(4)}  # two microbatches at most
+    result = simulate(prof, None, stages, "optimized", 8, memory_limits=limits)
+    assert max(result.memory_bytes.values()) <= 2000
+
+
+def test_action_text_round_trip() -> None:
+    for text in (
+        "F0.3",
+        "B12.0",
+        "I1.2",
+        "W1.2",
+        "SEND_F0.3->gpu1",
+        "RECV_B2.0<-gpu3",
+        "ALLREDUCE3",
+        "STEP0",
+    ):
+        assert str(Action.parse(text)) == text
+    assert Action.parse("SEND_F0.3->x").kind is ActionType.SEND_ACT
+    assert ActionType.SEND_F is ActionType.SEND_ACT
+
+
+@pytest.mark.parametrize("text", ["X0.1", "F0", "SEND_F0.1", "RECV_F0.1->a", "STEP0.1", "F0.1<-a"])
+def test_bad_action_text(text: str) -> None:
+    with pytest.raises(InputError, match="schedule"):
+        Action.parse(text)
+
+
+def _two_stage_dict() -> tuple[list[StageSpec], dict]:  # type: ignore[type-arg]
+    stages = parse_stages("0:a;1:b")
+    return stages, build_schedule("1f1b", stages, 2).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["devices"]["b"].remove("RECV_F1.0<-a"), "RECV_F1.0 is missing"),
+        (lambda d: d["devices"]["a"].insert(0, "F0.0"), "appears twice"),
+        (lambda d: d["devices"]["a"].remove("B0.1"), "expected one backward"),
+        (lambda d: d["devices"]["a"].remove("STEP0"), "STEP0"),
+        (
+            lambda d: d["devices"].update(
+                a=["B0.0", *[x for x in d["devices"]["a"] if x != "B0.0"]]
+            ),
+            "before its forward",
+        ),
+        (lambda d: d["devices"]["b"].insert(0, "F0.0"), "runs on a, not b"),
+        (lambda d: d["devices"].update(z=["F0.0"]), "runs no stage"),
+        (
+            # b waits for the gradient of microbatch 1 before it has received microbatch 0.
+            lambda d: d["devices"].update(
+                a=[
+                    "F0.0",
+                    "SEND_F0.0->b",
+                    "RECV_B0.1<-b",
+                    "F0.1",
+                    "SEND_F0.1->b",
+                    "RECV_B0.0<-b",
+                    "B0.0",
+                    "B0.1",
+                    "STEP0",
+                ]
+            ),
+            "deadlock",
+        ),
+    ],
+)
+def test_broken_schedules_are_rejected_with_a_reason(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    stages, data = _two_stage_dict()
+    mutate(data)
+    with pytest.raises(InputError, match=message):
+        validate_schedule(Schedule.from_dict(data), stages)
+
+
+def test_deadlock_through_simulate_names_the_waiting_devices() -> None:
+    stages, data = _two_stage_dict()
+    # Both devices receive before they send: a classic wait-for cycle.
+    data["devices"]["a"] = [
+        "RECV_B0.0<-b",
+        "F0.0",
+        "SEND_F0.0->b",
+        "F0.1",
+        "SEND_F0.1->b",
+        "B0.0",
+        "RECV_B0.1<-b",
+        "B0.1",
+        "STEP0",
+    ]
+    prof = synthetic_profile(2)
+    with pytest.raises(InputError, match=r"deadlocks: .*a waits at RECV_B0\.0"):
+        simulate(prof, None, stages, Schedule.from_dict(data), 2)
+
+
+def test_schedule_shape_errors() -> None:
+    with pytest.raises(InputError, match="unknown schedule"):
+        build_schedule("pipedream", _chain(2), 4)
+    with pytest.raises(InputError, match="multiple of the number of devices"):
+        build_schedule("interleaved", parse_stages("0:a;1:b;2:a;3:b"), 3)
+    with pytest.raises(InputError, match="only 1 microbatches"):
+        build_schedule("1f1b", parse_stages("0:a,b;1:c"), 1)
+    with pytest.raises(InputError, match="same devices as stage s mod p"):
+        build_schedule("interleaved", parse_stages("0:a;1:b;2:b;3:a"), 4)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4), (3, 2, 9)])
+def test_interleaved_in_flight_matches_the_simulated_peak(p: int, v: int, m: int) -> None:
+    prof = synthetic_profile(p * v, saved_bytes=64, param_bytes=0, optimizer_state_bytes=0)
+    stages = [StageSpec(i, (i, i), [f"d{i % p}"]) for i in range(p * v)]
+    result = simulate(prof, None, stages, "interleaved", m)
+    for r in range(p):
+        held = result.memory_bytes[f"d{r}"] // 64
+        assert held == in_flight_microbatches("interleaved", p, r, m, virtual_stages=v)
