@@ -1,8 +1,9 @@
 """``pipeplan demo``: the whole chain on a bundled example, on this machine's CPU, no arguments.
 
 The demo is a list of steps, :data:`DEMO_STEPS`; each step reads and extends a shared
-:class:`DemoContext`. Today there is one step (profile the model and print its table); solve,
-simulate and run add theirs with :func:`add_step`.
+:class:`DemoContext`: profile the model, solve for ``topologies/cpu.yaml`` (this machine's
+CPU processes), run a few training steps with exactly that plan and print predicted against
+measured. More steps can be added with :func:`add_step`.
 
 Example::
 
@@ -50,13 +51,15 @@ BUNDLED = ("gpt", "mlp", "cnn")
 class DemoContext:
     """What the demo's steps share: where to write, which model, and each step's results.
 
-    ``results`` keys so far: ``profile`` (a Profile) and ``profile_path`` (a Path).
+    ``results`` keys: ``profile`` (a Profile), ``profile_path``, ``plan`` (a Plan),
+    ``plan_path`` and ``run`` (the runtime's RunReport).
     """
 
     console: Console
     out_dir: Path
     model: Path
     microbatch_sizes: list[int]
+    steps: int = 3
     results: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -83,7 +86,45 @@ def _profile_step(ctx: DemoContext) -> None:
     ctx.console.print(f"profile written to {path}")
 
 
-DEMO_STEPS: list[tuple[str, DemoStep]] = [("profile", _profile_step)]
+def _solve_step(ctx: DemoContext) -> None:
+    """Solve for this machine's CPU processes (topologies/cpu.yaml) and print the plan."""
+    from planner.commands.solve import print_plan
+    from planner.solve import solve
+    from planner.topology import load_topology
+
+    profile = ctx.results["profile"]
+    topology_path = examples_dir().parent / "topologies" / "cpu.yaml"
+    topology = load_topology(topology_path)
+    plan = solve(
+        profile,
+        topology,
+        microbatches=2 * len(topology.devices),
+        time_limit=20,
+        profile_path=str(ctx.results["profile_path"]),
+        topology_path=str(topology_path),
+    )
+    path = ctx.out_dir / "plan.json"
+    plan.save(path)
+    ctx.results["plan"] = plan
+    ctx.results["plan_path"] = path
+    print_plan(plan, [layer.name for layer in profile.layers], output=path, console=ctx.console)
+
+
+def _run_step(ctx: DemoContext) -> None:
+    """Train a few steps with exactly that plan on CPU processes; predicted vs measured."""
+    from planner.runtime import run_plan
+    from planner.runtime.report import print_run_report
+
+    report = run_plan(ctx.results["plan_path"], ctx.model, steps=ctx.steps, device="cpu")
+    ctx.results["run"] = report
+    print_run_report(report, ctx.console)
+
+
+DEMO_STEPS: list[tuple[str, DemoStep]] = [
+    ("profile", _profile_step),
+    ("solve", _solve_step),
+    ("run", _run_step),
+]
 
 
 def add_step(name: str, step: DemoStep, *, after: str | None = None) -> None:
@@ -120,6 +161,7 @@ def run_demo(
     *,
     out_dir: str | Path = "out/demo",
     microbatch_sizes: list[int] | None = None,
+    steps: int = 3,
     console: Console | None = None,
 ) -> DemoContext:
     """Run every step of :data:`DEMO_STEPS` on a bundled example; returns the context.
@@ -148,6 +190,7 @@ def run_demo(
         out_dir=out,
         model=source,
         microbatch_sizes=microbatch_sizes or [1, 2],
+        steps=steps,
     )
     for name, step in DEMO_STEPS:
         ctx.console.rule(f"[bold]{name}")
@@ -165,21 +208,26 @@ def register(app: typer.Typer) -> None:
 def demo(
     model: str = typer.Option("gpt", "--model", help=f"Bundled example: {', '.join(BUNDLED)}."),
     out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the files it writes."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Training steps to run and time."),
     as_json: bool = typer.Option(
         False, "--json", help="Print what each step produced (files, seconds) as JSON."
     ),
 ) -> None:
     """Run the whole chain on a bundled model on this machine's CPU; no arguments needed.
 
-    Today: profile the model and print its per-layer table.
+    Profiles the model, solves for topologies/cpu.yaml (one process per core here), trains a
+    few steps with exactly that plan and prints predicted against measured iteration time.
 
     Example: pipeplan demo --model mlp
     """
     from rich.console import Console
 
     console = Console(stderr=True) if as_json else Console()
-    ctx = run_demo(model, out_dir=out, console=console)
+    ctx = run_demo(model, out_dir=out, steps=steps, console=console)
     if as_json:
         files = {k: str(v) for k, v in ctx.results.items() if isinstance(v, Path)}
-        json.dump({"model": model, "files": files, "seconds": ctx.timings}, sys.stdout, indent=1)
+        result: dict[str, Any] = {"model": model, "files": files, "seconds": ctx.timings}
+        if "run" in ctx.results:
+            result["run"] = ctx.results["run"].to_dict()
+        json.dump(result, sys.stdout, indent=1)
         sys.stdout.write("\n")

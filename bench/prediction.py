@@ -1,0 +1,188 @@
+"""Prediction accuracy: measured / predicted iteration time of plans for the bundled examples.
+
+For each example model (``examples/*.py``) the profile in ``profiles/`` (re-measured into a
+temporary file when it no longer matches the source) is solved for a 2-process version of
+``topologies/cpu.yaml`` (2 processes on this 2-core machine, one thread each, as profiled;
+the 4-process topology would oversubscribe the cores) -- row ``solved`` -- and, because
+the solver picks data parallelism for these small models, also the best 2-stage 1F1B
+pipeline by the simulator -- row ``pipeline``; each plan is run with
+``pipeplan run --device cpu``. The ratio is measured / predicted iteration time (target
+within 15% on CPU). With ``--device cuda`` the same is done on the local GPUs with a
+profile measured there (target within 10%); the device is named in the results.
+
+The simulator does not model the optimizer step (``step_ms`` is 0 in plans), so the
+table also shows the ratio without the measured optimizer step (``ratio_no_step``), and
+``compute`` = how much slower the stages' own forward/backward ran inside the run than the
+profile says (the largest stage ratio of ``run --calibrate``): when it is close to the
+ratio, the gap is the machine (load, cores shared), not the runtime's scheduling.
+
+Run::
+
+    .venv/bin/python bench/prediction.py                 # table + bench/results/prediction.json
+    .venv/bin/python bench/prediction.py --models mlp --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CPU2 = """schema: pipeplan.topology/v1
+name: cpu-local-2
+devices:
+  - {name: "cpu{0..1}", memory: 4 GiB, speed: 1.0, host: localhost, kind: cpu}
+switches:
+  - {name: loopback, kind: loopback}
+links:
+  - {between: ["cpu{0..1}", loopback], bandwidth: 3 GB/s, latency: 35 us, kind: gloo-tcp}
+"""
+
+
+def _profile(name: str, device: str, tmp: Path) -> Path:
+    from planner.fileio import sha256_file
+    from planner.profile.measure import profile_model
+    from planner.profile.schema import load_profile
+
+    source = ROOT / "examples" / f"{name}.py"
+    stored = ROOT / "profiles" / f"{name}.json"
+    if device == "cpu" and stored.exists():
+        prof = load_profile(stored)
+        if prof.source_sha256 == sha256_file(source):
+            return stored
+    fresh = profile_model(source, [4, 8, 16], device=device, repeat=5, warmup=2)
+    out = tmp / f"{name}.json"
+    fresh.save(out)
+    return out
+
+
+def _pipeline_plan(profile_path: Path, topo_path: Path, mbs: int):  # type: ignore[no-untyped-def]
+    """The best 2-stage 1F1B pipeline (one stage per process) by the simulator."""
+    from planner.fileio import sha256_file
+    from planner.plan import Plan, parse_stages
+    from planner.profile.schema import load_profile
+    from planner.simulate import simulate
+    from planner.topology import load_topology
+
+    profile, topo = load_profile(profile_path), load_topology(topo_path)
+    n = profile.num_layers
+    best = None
+    for cut in range(n - 1):
+        stages = parse_stages(f"0-{cut}:cpu0;{cut + 1}-{n - 1}:cpu1")
+        r = simulate(profile, topo, stages, "1f1b", 8, mbs)
+        if best is None or r.iteration_ms < best[0].iteration_ms:
+            best = (r, stages)
+    assert best is not None
+    r, stages = best
+    return Plan(
+        profile={"path": str(profile_path), "sha256": sha256_file(profile_path)},
+        topology={"path": str(topo_path), "sha256": sha256_file(topo_path)},
+        microbatch_size=mbs,
+        num_microbatches=8,
+        stages=stages,
+        schedule=r.schedule.to_dict(),
+        predicted=r.predicted(),
+    )
+
+
+def bench_model(
+    name: str, device: str, steps: int, tmp: Path, kind: str = "solved"
+) -> dict[str, object]:
+    from planner.profile.schema import load_profile
+    from planner.runtime import run_plan
+    from planner.solve import solve
+    from planner.topology import load_topology
+
+    profile_path = _profile(name, device, tmp)
+    topo_path = tmp / "cpu2.yaml"
+    topo_path.write_text(CPU2)
+    plan = solve(
+        load_profile(profile_path),
+        load_topology(topo_path),
+        microbatches=8,
+        schedule="1f1b",
+        time_limit=20,
+        profile_path=str(profile_path),
+        topology_path=str(topo_path),
+    )
+    if kind == "pipeline":
+        plan = _pipeline_plan(profile_path, topo_path, plan.microbatch_size)
+    plan_path = tmp / f"{name}.{kind}.plan.json"
+    plan.save(plan_path)
+    report = run_plan(
+        plan_path, ROOT / "examples" / f"{name}.py", steps=steps, warmup=2, device=device,
+        threads=1, timeout_s=300,
+    )  # fmt: skip
+    m = plan.num_microbatches
+    step_ms = max((v for k, v in report.stage_ms.items() if k.startswith("STEP")), default=0.0)
+    predicted = float(plan.predicted["iteration_ms"])
+    from planner.runtime.calibrate import stage_ratios
+
+    # How much slower each stage's own compute ran than profiled (load, contention).
+    ratios = stage_ratios(load_profile(profile_path), plan, report.stage_ms)
+    compute = max(max(f, b) for f, b in ratios.values())
+    return {
+        "model": name,
+        "kind": kind,
+        "device": device,
+        "stages": [[s.first, s.last, s.devices, s.recompute] for s in plan.stages],
+        "schedule": plan.schedule["name"],
+        "microbatches": f"{m} x {plan.microbatch_size}",
+        "predicted_ms": round(predicted, 3),
+        "measured_ms": round(report.iteration_ms, 3),
+        "ratio": round(report.iteration_ms / predicted, 3),
+        "optimizer_step_ms": round(step_ms, 3),
+        "ratio_no_step": round((report.iteration_ms - step_ms) / predicted, 3),
+        "compute_ratio": round(compute, 3),
+        "load_average_1min": os.getloadavg()[0],
+        "step_ms": [round(x, 3) for x in report.step_ms],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,cnn,gpt")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            for kind in ("solved", "pipeline"):
+                rows.append(bench_model(name, args.device, args.steps, Path(tmp), kind))
+    head = f"{'model':<6} {'plan':<24} {'pred ms':>9} {'meas ms':>9} {'ratio':>6} {'w/o step':>9}"
+    print(head + f" {'compute':>8}")
+    for r in rows:
+        plan = f"{r['kind']} {r['schedule']} {r['microbatches']} {len(r['stages'])}st"  # type: ignore[arg-type]
+        print(
+            f"{r['model']:<6} {plan:<24} {r['predicted_ms']:>9.2f} {r['measured_ms']:>9.2f} "
+            f"{r['ratio']:>6.2f} {r['ratio_no_step']:>9.2f} {r['compute_ratio']:>8.2f}"
+        )
+    device_name = platform.processor() or platform.machine()
+    if args.device == "cuda":
+        import torch
+
+        device_name = torch.cuda.get_device_name(0)
+    result = {
+        "benchmark": "prediction",
+        "device": args.device,
+        "device_name": device_name,
+        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "load_average_1min": os.getloadavg()[0],
+        "rows": rows,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

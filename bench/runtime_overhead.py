@@ -1,0 +1,223 @@
+"""Runtime overhead: pipeplan's executor against torch.distributed.pipelining, same work.
+
+Both sides train the same model on the same partition with the same schedule, microbatches,
+optimizer (SGD) and data, on 2 CPU processes with one thread each over gloo:
+
+* pipeplan: ``run_plan`` on a plan whose per-device action lists come from
+  ``build_schedule`` (what ``pipeplan solve`` writes);
+* torch: ``ScheduleGPipe`` / ``Schedule1F1B`` on a manual ``PipelineStage`` per process,
+  the stage module being the same ``SplitModel.stage(first, last)``.
+
+Each side is timed per step as the slowest rank's time from a barrier to the end of its
+step (optimizer included); medians over the measured steps. The sides alternate over
+several rounds in one invocation, so machine load hits both alike. Throughput ratio =
+pipeplan samples/s / torch samples/s (target >= 1.0).
+
+Run::
+
+    .venv/bin/python bench/runtime_overhead.py    # table + bench/results/runtime_overhead.json
+    .venv/bin/python bench/runtime_overhead.py --rounds 1 --steps 4   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = ROOT / "examples" / "mlp.py"
+STAGES = "0-2:cpu0;3-5:cpu1"
+MICROBATCH = 16
+MICROBATCHES = 8
+LR = 0.01
+
+
+def _plan(schedule: str):  # type: ignore[no-untyped-def]
+    from planner.plan import Plan, parse_stages
+    from planner.schedule import build_schedule
+
+    stages = parse_stages(STAGES)
+    return Plan(
+        profile={"path": "<memory>", "sha256": ""},
+        topology={"path": "<none>", "sha256": ""},
+        microbatch_size=MICROBATCH,
+        num_microbatches=MICROBATCHES,
+        stages=stages,
+        schedule=build_schedule(schedule, stages, MICROBATCHES).to_dict(),
+        predicted={},
+    )
+
+
+def run_pipeplan(schedule: str, steps: int, warmup: int) -> dict[str, float]:
+    from planner.runtime import run_plan
+
+    report = run_plan(
+        _plan(schedule),
+        MODEL,
+        steps=steps,
+        warmup=warmup,
+        threads=1,
+        optimizer="sgd",
+        lr=LR,
+        timeout_s=120,
+    )
+    return {"iteration_ms": report.iteration_ms, "samples_per_s": report.samples_per_s}
+
+
+def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
+    from planner.runtime.launch import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--torch-worker",
+                    str(rank),
+                    str(port),
+                    schedule,
+                    str(steps),
+                    str(warmup),
+                    tmp,
+                ],
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            )  # fmt: skip
+            for rank in range(2)
+        ]
+        try:
+            for p in procs:
+                if p.wait(timeout=600) != 0:
+                    raise RuntimeError(f"torch worker failed with {p.returncode}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        per_rank = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(2)]
+    step_ms = [max(a, b) for a, b in zip(per_rank[0], per_rank[1], strict=True)]
+    ms = statistics.median(step_ms)
+    return {"iteration_ms": ms, "samples_per_s": MICROBATCH * MICROBATCHES / ms * 1e3}
+
+
+def torch_worker(rank: int, port: int, schedule: str, steps: int, warmup: int, out: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from planner.plan import parse_stages
+    from planner.profile.loader import load_model_file
+    from planner.profile.split import split_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    user = load_model_file(MODEL)
+    torch.manual_seed(0)
+    model = user.build()
+    sample, _ = user.batch(MICROBATCH)
+    split = split_model(model, len(sample))
+    spec = parse_stages(STAGES)[rank]
+    module = split.stage(spec.first, spec.last)
+    with torch.no_grad():
+        example = sample if rank == 0 else tuple(split.stage(0, spec.first - 1)(*sample))
+    stage = PipelineStage(module, rank, 2, torch.device("cpu"), input_args=example)
+    cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    pipe = cls(stage, n_microbatches=MICROBATCHES, loss_fn=user.loss)
+    opt = torch.optim.SGD(module.parameters(), lr=LR)
+    times = []
+    for step in range(warmup + steps):
+        torch.manual_seed(step)
+        x, y = user.batch(MICROBATCH * MICROBATCHES)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            pipe.step(*x)
+        else:
+            pipe.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        if step >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    Path(out, f"{rank}.json").write_text(json.dumps(times))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        r, port, sched, steps, warmup, out = sys.argv[2:8]
+        torch_worker(int(r), int(port), sched, int(steps), int(warmup), out)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "-o", "--output", default=str(ROOT / "bench" / "results" / "runtime_overhead.json")
+    )
+    args = ap.parse_args()
+    rows = []
+    for schedule in ("gpipe", "1f1b"):
+        ours, theirs = [], []
+        for _ in range(args.rounds):  # alternate, so load drift hits both sides
+            ours.append(run_pipeplan(schedule, args.steps, args.warmup)["iteration_ms"])
+            theirs.append(run_torch(schedule, args.steps, args.warmup)["iteration_ms"])
+        p, t = statistics.median(ours), statistics.median(theirs)
+        rows.append(
+            {
+                "schedule": schedule,
+                "pipeplan_ms": round(p, 3),
+                "torch_ms": round(t, 3),
+                "pipeplan_rounds_ms": [round(x, 3) for x in ours],
+                "torch_rounds_ms": [round(x, 3) for x in theirs],
+                "throughput_ratio": round(t / p, 3),
+            }
+        )
+    print(f"model {MODEL.name}, stages {STAGES}, {MICROBATCHES} x {MICROBATCH}, 2 procs x 1 thread")
+    print(f"{'schedule':<9} {'pipeplan ms':>12} {'torch ms':>10} {'ratio':>7}")
+    for row in rows:
+        print(
+            f"{row['schedule']:<9} {row['pipeplan_ms']:>12.2f} {row['torch_ms']:>10.2f} "
+            f"{row['throughput_ratio']:>7.3f}"
+        )
+    result = {
+        "benchmark": "runtime_overhead",
+        "model": MODEL.name,
+        "stages": STAGES,
+        "microbatch_size": MICROBATCH,
+        "num_microbatches": MICROBATCHES,
+        "optimizer": f"sgd lr={LR}",
+        "processes": 2,
+        "threads_per_process": 1,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "host": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "load_average_1min": os.getloadavg()[0],
+        "rows": rows,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""How long ``pipeplan solve`` takes: the chain DP at scale and the ILP on a heterogeneous box.
+
+Cases:
+
+- ``dp 200x64``: the chain DP alone (one backward DP answering every number of stages, plus
+  one 64-stage forward DP) for 200 layers on 64 identical GPUs on one switch.
+- ``solve 200x64 small`` / ``large``: the whole search (DP candidates over every number of
+  stages and replication degree, simulator, local search, schedules) on the same machine,
+  for a model that fits on one GPU and one that needs at least ~8 pipeline stages. Baselines
+  are timed separately (``baselines``): PipeDream's reproduced DP is O(L^2 D^2) Python.
+- ``ilp 48x16``: the integer program alone on PipeDream's GNMT profile (48 layers) and a
+  16-device heterogeneous topology (8 A100 on NVSwitch, 4 V100 and 4 T4 on PCIe, 25 GB/s
+  Ethernet between the hosts), 16 and 8 stages, CBC with the default 60 s time limit,
+  warm-started from the DP; status and gap as CBC reports them.
+
+Run::
+
+    .venv/bin/python bench/solve_time.py           # table + bench/results/solve_time.json
+    .venv/bin/python bench/solve_time.py --quick   # skip the baselines timing and the ILP
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from planner.partition.dp import Slot, layer_costs, partition_chain, partition_chain_depths
+from planner.partition.ilp import solve_ilp
+from planner.profile import Layer, LayerTiming, Measurement, Profile, load_profile
+from planner.solve import SolveOptions, _in_flight, baseline_partitions, solve
+from planner.topology import Topology, topology_from_dict, uniform_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "solve_time.json"
+
+
+def chain_profile(n: int, *, param_mib: float, seed: int = 0) -> Profile:
+    """A transformer-like chain: uneven layer times, ``param_mib`` MiB of weights per layer."""
+    rng = random.Random(seed)
+    layers, timings = [], []
+    for i in range(n):
+        p = int(param_mib * 2**20 * rng.uniform(0.5, 1.5))
+        layers.append(Layer(f"block{i}", p // 4, p, 2 * p))
+        f = rng.uniform(1.0, 4.0)
+        out = 8 * 2**20
+        timings.append(LayerTiming(f, 2 * f, f, f, out, 4 * out))
+    return Profile(f"chain{n}", layers, [Measurement(1, 8 * 2**20, timings)])
+
+
+def hetero16() -> Topology:
+    return topology_from_dict(
+        {
+            "schema": "pipeplan.topology/v1",
+            "name": "hetero-16",
+            "devices": [
+                {"name": "a100_{0..7}", "memory": "80 GiB", "speed": 1.0, "host": "n0"},
+                {"name": "v100_{0..3}", "memory": "32 GiB", "speed": 0.36, "host": "n1"},
+                {"name": "t4_{0..3}", "memory": "16 GiB", "speed": 0.2, "host": "n1"},
+            ],
+            "switches": ["nvs", "pcie1", "eth"],
+            "links": [
+                {"between": ["a100_{0..7}", "nvs"], "bandwidth": "300 GB/s", "latency": "1 us"},
+                {"between": ["v100_{0..3}", "pcie1"], "bandwidth": "15.75 GB/s", "latency": "2 us"},
+                {"between": ["t4_{0..3}", "pcie1"], "bandwidth": "15.75 GB/s", "latency": "2 us"},
+                {"between": ["nvs", "eth"], "bandwidth": "25 GB/s", "latency": "5 us"},
+                {"between": ["pcie1", "eth"], "bandwidth": "25 GB/s", "latency": "5 us"},
+            ],
+        }
+    )
+
+
+def time_dp(profile: Profile, topo: Topology, m: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    costs = layer_costs(profile, 1)
+    d = len(topo.devices)
+    slot = Slot(("gpu",), 1.0, float(topo.devices[0].memory_bytes))
+    from_end = [_in_flight("1f1b", d, d - 1 - q, m) for q in range(d)]
+    parts = partition_chain_depths(
+        costs, slot, max_stages=d, in_flight_from_end=from_end, num_microbatches=m
+    )
+    mid = time.perf_counter()
+    slots = [Slot((n,), 1.0, float(topo.devices[0].memory_bytes)) for n in topo.device_names()]
+    partition_chain(costs, slots, in_flight=from_end[::-1], num_microbatches=m)
+    end = time.perf_counter()
+    feasible = sum(p is not None for p in parts)
+    return {
+        "all_depths_s": round(mid - start, 4),
+        "forward_64_stages_s": round(end - mid, 4),
+        "stage_counts_feasible": feasible,
+    }
+
+
+def time_solve(profile: Profile, topo: Topology, batch: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    plan = solve(profile, topo, global_batch=batch, options=SolveOptions(baselines=False))
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": round(seconds, 3),
+        "stages": len(plan.stages),
+        "replicas": [len(s.devices) for s in plan.stages],
+        "schedule": plan.schedule["name"],
+        "iteration_ms": round(plan.predicted["iteration_ms"], 3),
+        "lower_bound_ms": round(plan.predicted["lower_bound_ms"], 3),
+        "simulations": plan.solver["simulations"],
+        "method": plan.solver["method"],
+    }
+
+
+def time_ilp(profile: Profile, topo: Topology, stages: int, m: int) -> dict[str, Any]:
+    mb = profile.microbatch_sizes[0]
+    costs = layer_costs(profile, mb)
+    # Warm start: the DP's partition over the strongest devices first.
+    order = sorted(topo.devices, key=lambda d: -d.speed)
+    slots = [Slot((d.name,), d.speed, float(d.memory_bytes)) for d in order[:stages]]
+    in_flight = [_in_flight("1f1b", stages, k, m) for k in range(stages)]
+    part = partition_chain(costs, slots, in_flight=in_flight, num_microbatches=m)
+    warm = None
+    if part is not None:
+        warm = (part.ranges, [s.devices[0] for s in slots], part.recompute)
+    res = solve_ilp(
+        costs,
+        topo,
+        num_stages=stages,
+        in_flight=in_flight,
+        num_microbatches=m,
+        time_limit=60.0,
+        warm_start=warm,
+    )
+    return {
+        "stages": stages,
+        "status": res.status,
+        "gap": None if res.gap is None else round(res.gap, 4),
+        "seconds": round(res.seconds, 2),
+        "objective_ms": None if res.objective_ms is None else round(res.objective_ms, 2),
+        "bound_ms": None if res.bound_ms is None else round(res.bound_ms, 2),
+        "devices": res.devices,
+    }
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    rows: dict[str, Any] = {}
+    topo64 = uniform_topology(64, bandwidth=50e9, latency_ms=0.002)
+    small = chain_profile(200, param_mib=20)
+    large = chain_profile(200, param_mib=400)
+    rows["dp 200x64"] = time_dp(large, topo64, 128)
+    rows["solve 200x64 small"] = time_solve(small, topo64, 128)
+    rows["solve 200x64 large"] = time_solve(large, topo64, 128)
+    if not quick:
+        start = time.perf_counter()
+        baseline_partitions(large, topo64, 1)
+        rows["baselines 200x64"] = {"seconds": round(time.perf_counter() - start, 2)}
+        gnmt = load_profile(ROOT / "profiles" / "pipedream-gnmt.json")
+        topo16 = hetero16()
+        rows["ilp 48x16 S=16"] = time_ilp(gnmt, topo16, 16, 32)
+        rows["ilp 48x16 S=8"] = time_ilp(gnmt, topo16, 8, 32)
+        rows["solve 48x16 gnmt"] = time_solve(gnmt, topo16, 32 * 32)
+    print(f"{'case':24s} {'seconds':>8s}  details")
+    for name, row in rows.items():
+        secs = row.get("seconds", row.get("all_depths_s"))
+        details = {k: v for k, v in row.items() if k not in ("seconds", "devices")}
+        print(f"{name:24s} {secs!s:>8s}  {details}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(),
+        "rows": rows,
+    }
+    OUT.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""``pipeplan run``: train with a plan's exact partition, placement and action order.
+
+Example::
+
+    $ pipeplan run plan.json --model examples/mlp.py --steps 5 --device cpu
+    $ pipeplan run plan.json --model model.py --device cuda --trace measured.json --json
+    $ torchrun --nnodes 2 --nproc-per-node 8 ... -m planner.cli run plan.json --model model.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["register", "run_command"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``run`` command to ``app``."""
+    app.command("run")(run_command)
+
+
+def run_command(
+    plan_path: Path = typer.Argument(..., help="The plan.json to execute.", show_default=False),
+    model: Path = typer.Option(
+        ..., "--model", "-m", help="The model.py the plan was made for.", show_default=False
+    ),
+    steps: int = typer.Option(5, "--steps", help="Measured training steps (after warm-up)."),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed training steps first."),
+    device: str = typer.Option(
+        "cpu", "--device", help="cpu (gloo, one process per plan device) or cuda (NCCL)."
+    ),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="Write the measured last step as Chrome/Perfetto JSON.",
+        show_default=False,
+    ),
+    calibrate: Path | None = typer.Option(
+        None,
+        "--calibrate",
+        help="Write a profile corrected with the measured stage times.",
+        show_default=False,
+    ),
+    timeout: float = typer.Option(
+        300.0,
+        "--timeout",
+        help="Seconds a rank may wait (or make no progress) before the "
+        "run is stopped on every rank.",
+    ),
+    device_map: str | None = typer.Option(
+        None,
+        "--device-map",
+        help="Plan device to rank, e.g. 'gpu0=0,gpu1=0,gpu2=1' "
+        "(several devices on one rank share its GPU).",
+        show_default=False,
+    ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        help="CPU threads per process (default: the profile's).",
+        show_default=False,
+    ),
+    lr: float | None = typer.Option(
+        None,
+        "--lr",
+        help="Learning rate (default: 1e-3 for adam, 0.01 for sgd/momentum).",
+        show_default=False,
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+) -> None:
+    """Run a plan: one process per device, its action lists exactly, measured.
+
+    Prints measured against predicted iteration time (and their ratio), samples/s, the loss.
+
+    A plan whose profile or model source does not match --model is refused with the reason.
+
+    Details (devices and ranks, shared GPUs, torchrun, failures) in docs/run.md.
+
+    Example: pipeplan run plan.json --model examples/mlp.py --steps 5 --trace measured.json
+    """
+    from planner.cli import fail
+    from planner.errors import InputError
+    from planner.fileio import atomic_write_json, check_output_path
+    from planner.runtime.launch import RunFailed, in_torchrun
+
+    for path, flag in ((trace, "--trace"), (calibrate, "--calibrate")):
+        if path is not None:
+            check_output_path(path, field=flag)
+    if steps < 1:
+        raise InputError(f"expected at least 1, got {steps}", field="--steps")
+    if warmup < 0:
+        raise InputError(f"expected 0 or more, got {warmup}", field="--warmup")
+    try:
+        if in_torchrun():
+            report = _run_torchrun(plan_path, model, steps, warmup, device, timeout, threads, lr)
+            if report is None:  # not rank 0: rank 0 prints
+                return
+        else:
+            from planner.runtime.runner import run_plan
+
+            report = run_plan(
+                plan_path,
+                model,
+                steps=steps,
+                warmup=warmup,
+                device=device,
+                timeout_s=timeout,
+                threads=threads,
+                lr=lr,
+                device_map=device_map,
+            )
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        fail("interrupted; stopped every rank", code=130)
+    outputs: dict[str, Any] = {}
+    if trace is not None:
+        from planner.plan import Plan
+        from planner.runtime.report import measured_trace
+        from planner.schedule import Schedule
+
+        plan = Plan.load(plan_path)
+        data = measured_trace(report, Schedule.from_dict(plan.schedule))
+        try:  # the plan's simulated step beside it, when its profile is at hand
+            from planner.commands.show import resimulate
+            from planner.render import render_trace
+            from planner.runtime.report import side_by_side
+
+            data = side_by_side(data, render_trace(resimulate(plan, plan_path)))
+        except InputError as exc:
+            report.notes.append(f"trace: measured step only; cannot re-simulate: {exc.message}")
+        except AssertionError:  # a plan without a profile path
+            report.notes.append("trace: measured step only; the plan names no profile")
+        atomic_write_json(trace, data)
+        outputs["trace"] = str(trace)
+    if calibrate is not None:
+        outputs["calibrated_profile"] = str(_calibrate(plan_path, report, calibrate))
+    if as_json:
+        print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
+        return
+    from rich.console import Console
+
+    from planner.runtime.report import print_run_report
+
+    console = Console()
+    print_run_report(report, console)
+    for what, where in outputs.items():
+        console.print(f"wrote {what.replace('_', ' ')}: {where}")
+
+
+def _calibrate(plan_path: Path, report: Any, out: Path) -> Path:
+    from planner.errors import InputError
+    from planner.plan import Plan
+    from planner.profile.schema import load_profile
+    from planner.runtime.calibrate import calibrated_profile
+
+    if report.profile_path is None:
+        raise InputError(
+            "the plan's profile was not found, so there is nothing to calibrate",
+            field="--calibrate",
+        )
+    plan = Plan.load(plan_path)
+    corrected = calibrated_profile(load_profile(report.profile_path), plan, report.stage_ms)
+    corrected.save(out)
+    return out
+
+
+def _run_torchrun(
+    plan_path: Path,
+    model: Path,
+    steps: int,
+    warmup: int,
+    device: str,
+    timeout: float,
+    threads: int | None,
+    lr: float | None,
+) -> Any:
+    """Inside torchrun: this process is one rank; rank 0 returns the report."""
+    import shutil
+
+    from planner.runtime.report import build_report
+    from planner.runtime.runner import prepare_run, worker_config
+    from planner.runtime.worker import worker_main
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    plan, settings, placement = prepare_run(
+        plan_path, model, device=device, world_size=world, plan_source=str(plan_path)
+    )
+    run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
+    try:
+        config = worker_config(
+            plan,
+            settings,
+            placement,
+            model,
+            steps=steps,
+            warmup=warmup,
+            timeout_s=timeout,
+            run_dir=run_dir,
+            threads=threads,
+            lr=lr,
+            plan_source=str(plan_path),
+        )
+        config["init_method"] = "env://"
+        result = worker_main(rank, config)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if result is None:
+        sys.stdout.flush()
+        return None
+    report = build_report(
+        result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings["notes"]
+    )
+    report.profile_path = settings.get("profile_path")
+    return report

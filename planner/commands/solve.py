@@ -1,0 +1,192 @@
+"""``pipeplan solve``: find the fastest plan that fits, write plan.json, compare with baselines.
+
+Example::
+
+    $ pipeplan solve --profile profiles/mlp.json --topology topologies/nvlink.yaml \\
+          --global-batch 64 --time-limit 20 -o plan.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from planner.plan import Plan
+
+__all__ = ["print_plan", "register", "solve_command"]
+
+
+def solve_command(
+    profile: Path = typer.Option(
+        ..., "--profile", help="Profile JSON (from `pipeplan profile`).", show_default=False
+    ),
+    topology: Path = typer.Option(
+        ..., "--topology", help="Topology YAML (see topologies/).", show_default=False
+    ),
+    global_batch: int | None = typer.Option(
+        None,
+        "--global-batch",
+        help="Samples per iteration; the microbatch size is searched over the profiled sizes "
+        "that divide it.",
+        show_default=False,
+    ),
+    microbatches: int | None = typer.Option(
+        None,
+        "--microbatches",
+        help="Number of microbatches per iteration (default: 2 x devices when no "
+        "--global-batch is given).",
+        show_default=False,
+    ),
+    schedule: str = typer.Option(
+        "auto",
+        "--schedule",
+        help="auto (try 1f1b, gpipe, zb, interleaved), gpipe, 1f1b, interleaved, zb or 2bw.",
+    ),
+    time_limit: float = typer.Option(
+        60.0, "--time-limit", help="Seconds the integer program may run (CBC)."
+    ),
+    output: Path = typer.Option(Path("plan.json"), "-o", "--output", help="Plan JSON to write."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+) -> None:
+    """Find the fastest pipeline plan that fits in memory and write it to plan.json.
+
+    Searches stages (layer ranges), devices per stage (replicas), recompute, microbatch
+    size and schedule; the simulator judges every candidate. Prints the stages, predicted
+    time, memory per device against its limit, the lower bound and the baselines.
+
+    Example: pipeplan solve --profile profiles/mlp.json --topology topologies/nvlink.yaml
+    --global-batch 64
+    """
+    from planner.fileio import check_output_path
+    from planner.profile import load_profile
+    from planner.solve import solve
+    from planner.topology import load_topology
+
+    check_output_path(output)
+    prof = load_profile(profile)
+    topo = load_topology(topology)
+    plan = solve(
+        prof,
+        topo,
+        global_batch=global_batch,
+        microbatches=microbatches,
+        schedule=schedule,
+        time_limit=time_limit,
+        profile_path=str(profile),
+        topology_path=str(topology),
+    )
+    plan.save(output)
+    if as_json:
+        print(json.dumps(plan.to_dict(), indent=1))
+        return
+    print_plan(plan, [layer.name for layer in prof.layers], output=output)
+
+
+def _fmt_bytes(n: float) -> str:
+    from planner.units import format_bytes
+
+    return str(format_bytes(n))
+
+
+def print_plan(
+    plan: Plan,
+    layer_names: list[str],
+    *,
+    output: Path | None = None,
+    console: Console | None = None,
+) -> None:
+    """Print a plan's stages, memory, prediction, solver status and baselines.
+
+    Example::
+
+        print_plan(plan, [layer.name for layer in profile.layers], output=Path("plan.json"))
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(highlight=False)
+    pred: dict[str, Any] = plan.predicted
+    sched = plan.schedule.get("name", "?")
+    vs = plan.schedule.get("virtual_stages", 1)
+    title = (
+        f"Plan: {len(plan.stages)} stages, schedule {sched}"
+        + (f" (v={vs})" if vs and vs > 1 else "")
+        + f", {plan.num_microbatches} microbatches of {plan.microbatch_size}"
+    )
+    table = Table(title=title)
+    for col in ("stage", "layers", "devices", "recompute"):
+        table.add_column(col)
+    for s in plan.stages:
+        a, b = s.layers
+        names = f"{a}-{b}" if a != b else f"{a}"
+        span = f"{names}  ({layer_names[a]} .. {layer_names[b]})" if a != b else names
+        table.add_row(str(s.id), span, ", ".join(s.devices), "yes" if s.recompute else "")
+    console.print(table)
+
+    mem = Table(title="Memory per device")
+    mem.add_column("device")
+    mem.add_column("peak", justify="right")
+    mem.add_column("limit", justify="right")
+    mem.add_column("use", justify="right")
+    limits = pred.get("memory_limit_bytes", {})
+    for dev, used in pred.get("memory_bytes", {}).items():
+        limit = limits.get(dev, 0)
+        share = f"{100.0 * used / limit:.0f}%" if limit else "-"
+        mem.add_row(dev, _fmt_bytes(used), _fmt_bytes(limit), share)
+    console.print(mem)
+
+    it = pred.get("iteration_ms", 0.0)
+    lb = pred.get("lower_bound_ms", 0.0)
+    gap = f"{100.0 * (it / lb - 1):.1f}%" if lb else "-"
+    console.print(
+        f"Predicted iteration: {it:.3f} ms  ({pred.get('samples_per_s', 0.0):.1f} samples/s, "
+        f"bubble {100.0 * pred.get('bubble_fraction', 0.0):.1f}%)"
+    )
+    console.print(f"Lower bound: {lb:.3f} ms  (gap {gap})")
+    solver = plan.solver
+    ilp = solver.get("ilp")
+    line = f"Solver: {solver.get('method')}, {solver.get('status')}, {solver.get('seconds')} s"
+    if ilp:
+        ilp_gap = ilp.get("gap")
+        shown = "-" if ilp_gap is None else f"{100.0 * ilp_gap:.2f}%"
+        line += f"; ILP {ilp.get('status')}, gap {shown}, {ilp.get('seconds')} s"
+    console.print(line)
+
+    if plan.baselines:
+        base = Table(title="Baselines (same profile, topology and batch, device order)")
+        base.add_column("plan")
+        base.add_column("iteration ms", justify="right")
+        base.add_column("vs pipeplan", justify="right")
+        base.add_column("fits")
+        base.add_row("pipeplan", f"{it:.3f}", "1.00x", "yes")
+        for row in plan.baselines:
+            ms = row.get("iteration_ms")
+            ratio = f"{ms / it:.2f}x" if ms and it else "-"
+            shown = f"{ms:.3f}" if ms is not None else "-"
+            base.add_row(row["name"], shown, ratio, "yes" if row.get("feasible") else "no")
+        console.print(base)
+    if output is not None:
+        console.print(f"Wrote {output}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``pipeplan solve`` to the CLI.
+
+    Example::
+
+        register(app)
+    """
+    app.command(
+        "solve",
+        help=(
+            "Find the fastest pipeline plan that fits in memory; write plan.json.\n\n"
+            "Example: pipeplan solve --profile profiles/mlp.json "
+            "--topology topologies/nvlink.yaml --global-batch 64"
+        ),
+    )(solve_command)

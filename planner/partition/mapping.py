@@ -1,0 +1,173 @@
+"""Device-mapping helpers: orderings of a topology's devices and the costs along them.
+
+The DP partitions layers over a *sequence* of device slots; this module proposes the
+sequences worth trying (file order, widest-link walks, strongest devices first) and turns
+them into :class:`~planner.partition.dp.Slot` lists with the transfer cost between
+consecutive slots on the topology's actual route.
+
+Example::
+
+    for path in candidate_paths(topology):
+        slots = slots_along(topology, path, replicas=1)
+        links = links_between(topology, slots)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from planner.partition.dp import Linear, Slot
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = [
+    "candidate_paths",
+    "identical_devices",
+    "links_between",
+    "slots_along",
+    "transfer_cost",
+    "uniform_network",
+    "widest_walk",
+]
+
+
+def identical_devices(topology: Topology) -> bool:
+    """True when every device has the same speed and memory.
+
+    Example::
+
+        identical_devices(uniform_topology(4))   # True
+    """
+    devs = topology.devices
+    return all(d.speed == devs[0].speed and d.memory_bytes == devs[0].memory_bytes for d in devs)
+
+
+def uniform_network(topology: Topology) -> bool:
+    """True when every pair of devices sees the same bandwidth and latency.
+
+    Example::
+
+        uniform_network(uniform_topology(4))     # True
+    """
+    names = topology.device_names()
+    seen = {
+        (topology.bandwidth(a, b), round(topology.latency_ms(a, b), 12))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    }
+    return len(seen) <= 1
+
+
+def transfer_cost(topology: Topology | None, src: str, dst: str) -> Linear:
+    """The transfer time from ``src`` to ``dst`` as latency + bytes x ms-per-byte.
+
+    Example::
+
+        transfer_cost(topology, "gpu0", "gpu1")(2**20)   # ms to send 1 MiB
+    """
+    if topology is None or src == dst:
+        return Linear()
+    return Linear.fit(lambda nbytes: topology.transfer_ms(src, dst, nbytes))
+
+
+def widest_walk(topology: Topology, start: str, *, prefer_speed: bool = False) -> list[str]:
+    """A path through all devices that always steps to the best-connected unvisited device.
+
+    Ties (and, with ``prefer_speed``, the first criterion) go to the faster device, then
+    lower latency, then file order, so the walk is deterministic.
+
+    Example::
+
+        widest_walk(topology, "gpu0")   # ['gpu0', 'gpu1', ...] along NVLink first
+    """
+    order = {name: i for i, name in enumerate(topology.device_names())}
+    speed = {d.name: d.speed for d in topology.devices}
+    path = [start]
+    left = [n for n in topology.device_names() if n != start]
+    while left:
+        cur = path[-1]
+
+        def key(n: str, cur: str = cur) -> tuple[float, ...]:
+            bw = topology.bandwidth(cur, n)
+            lat = topology.latency_ms(cur, n)
+            if prefer_speed:
+                return (-speed[n], -bw, lat, order[n])
+            return (-bw, lat, -speed[n], order[n])
+
+        nxt = min(left, key=key)
+        path.append(nxt)
+        left.remove(nxt)
+    return path
+
+
+def candidate_paths(topology: Topology, *, limit: int = 8) -> list[list[str]]:
+    """Distinct device orderings worth partitioning over, most natural first.
+
+    File order, then widest-link walks from the strongest devices, then strongest-first
+    orders; duplicates are dropped so identical topologies yield few candidates.
+
+    Example::
+
+        candidate_paths(topology)[0] == topology.device_names()
+    """
+    names = topology.device_names()
+    order = {n: i for i, n in enumerate(names)}
+    by_speed = sorted(topology.devices, key=lambda d: (-d.speed, -d.memory_bytes, order[d.name]))
+    paths: list[list[str]] = [names]
+    starts = [by_speed[0].name, names[0], names[-1]]
+    for start in dict.fromkeys(starts):
+        paths.append(widest_walk(topology, start))
+        paths.append(widest_walk(topology, start, prefer_speed=True))
+    paths.append([d.name for d in by_speed])
+    unique: list[list[str]] = []
+    for p in paths:
+        if p not in unique:
+            unique.append(p)
+    return unique[:limit]
+
+
+def slots_along(topology: Topology, path: Sequence[str], *, replicas: int = 1) -> list[Slot]:
+    """Cut ``path`` into consecutive groups of ``replicas`` devices (a leftover is dropped).
+
+    Example::
+
+        slots_along(topology, ["gpu0", "gpu1", "gpu2", "gpu3"], replicas=2)  # 2 slots
+    """
+    slots = []
+    for k in range(len(path) // replicas):
+        group = tuple(path[k * replicas : (k + 1) * replicas])
+        devs = [topology.device(n) for n in group]
+        allreduce = None
+        if len(group) > 1:
+
+            def ring(nbytes: float, g: tuple[str, ...] = group) -> float:
+                return topology.allreduce_ms(list(g), nbytes)
+
+            allreduce = Linear.fit(ring)
+        slots.append(
+            Slot(
+                devices=group,
+                speed=min(d.speed for d in devs),
+                memory_bytes=float(min(d.memory_bytes for d in devs)),
+                allreduce=allreduce,
+            )
+        )
+    return slots
+
+
+def links_between(topology: Topology | None, slots: Sequence[Slot]) -> list[Linear]:
+    """Transfer cost between consecutive slots (slowest replica pair of the two groups).
+
+    Example::
+
+        links_between(topology, slots)[0](2**20)
+    """
+    out = []
+    for a, b in zip(slots, slots[1:], strict=False):
+        pairs = [transfer_cost(topology, x, y) for x, y in zip(a.devices, b.devices, strict=False)]
+        if len(a.devices) != len(b.devices):
+            pairs = [transfer_cost(topology, x, y) for x in a.devices for y in b.devices]
+        out.append(max(pairs, key=lambda c: (c.ms_per_byte, c.latency_ms)))
+    return out

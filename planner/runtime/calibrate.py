@@ -1,0 +1,81 @@
+"""``run --calibrate``: feed measured per-stage times back into a corrected profile.
+
+For every stage the run measured the median forward (``F``) and backward (``B``, or the
+``I`` and ``W`` halves) time. The profile predicts them as the sum of the stage's layers
+(plus one forward in the backward of a recompute stage). Each layer of the stage is
+scaled by the stage's measured / predicted ratio - forward and backward separately - in
+every measurement of the profile, so solving again with the calibrated profile plans with
+what the hardware really did (including the runtime's own per-action overhead).
+
+Example::
+
+    corrected = calibrated_profile(profile, plan, report.stage_ms)
+    corrected.save("profiles/mlp.calibrated.json")
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from planner.plan import Plan
+from planner.profile.schema import Profile
+
+__all__ = ["calibrated_profile", "stage_ratios"]
+
+
+def stage_ratios(
+    profile: Profile, plan: Plan, stage_ms: Mapping[str, float]
+) -> dict[int, tuple[float, float]]:
+    """Per stage: (forward ratio, backward ratio) of measured to profiled time.
+
+    Example::
+
+        stage_ratios(profile, plan, {"F0": 2.0, "B0": 4.1})   # {0: (1.05, 0.98)}
+    """
+    layers = profile.measurement(plan.microbatch_size).layers
+    out: dict[int, tuple[float, float]] = {}
+    for stage in plan.stages:
+        span = layers[stage.first : stage.last + 1]
+        fwd = sum(t.forward_ms for t in span)
+        bwd = sum(t.backward_ms for t in span) + (fwd if stage.recompute else 0.0)
+        got_f = stage_ms.get(f"F{stage.id}")
+        got_b = stage_ms.get(f"B{stage.id}")
+        if got_b is None and f"I{stage.id}" in stage_ms:
+            got_b = stage_ms[f"I{stage.id}"] + stage_ms.get(f"W{stage.id}", 0.0)
+        rf = got_f / fwd if got_f is not None and fwd > 0 else 1.0
+        rb = got_b / bwd if got_b is not None and bwd > 0 else 1.0
+        out[stage.id] = (rf, rb)
+    return out
+
+
+def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, float]) -> Profile:
+    """A copy of ``profile`` with each stage's layer times scaled to the measured ones.
+
+    Example::
+
+        calibrated_profile(profile, plan, report.stage_ms).save("calibrated.json")
+    """
+    ratios = stage_ratios(profile, plan, stage_ms)
+    out = copy.deepcopy(profile)
+    for stage in plan.stages:
+        rf, rb = ratios[stage.id]
+        for measurement in out.measurements:
+            for t in measurement.layers[stage.first : stage.last + 1]:
+                t.forward_ms *= rf
+                t.backward_ms *= rb
+                t.backward_input_ms *= rb
+                t.backward_weight_ms *= rb
+                t.spread = {}
+    note: dict[str, Any] = {
+        "plan_schedule": plan.schedule.get("name"),
+        "microbatch_size": plan.microbatch_size,
+        "stage_ratios": {str(s): [round(f, 4), round(b, 4)] for s, (f, b) in ratios.items()},
+        # The profile has no field for it; simulate/solve take it as --step-ms.
+        "step_ms": round(
+            max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0), 4
+        ),
+    }
+    out.meta = dict(out.meta, calibrated=note)
+    return out

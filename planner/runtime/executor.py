@@ -1,0 +1,409 @@
+"""Runs the plan's per-device action lists of one process, exactly in their order.
+
+Each plan device this process drives is a *program*: a generator that walks its action
+list and yields whenever it must wait (a receive not yet arrived, an all-reduce or a step
+waiting for the other local replicas). With one device per process (the normal case) the
+program simply blocks in ``wait()``; in shared mode (several plan devices per process,
+e.g. a whole plan on one GPU) the programs are interleaved cooperatively, each on its own
+CUDA stream, handing tensors to each other in memory.
+
+Actions:
+
+* ``F s.k`` / ``B s.k`` / ``I s.k`` / ``W s.k``: :class:`~planner.runtime.stage.StageRuntime`;
+  the first stage reads microbatch ``k`` of the step's global batch, the last stage
+  computes the loss on its targets;
+* ``SEND_*``: non-blocking ``isend`` (waited for at the end of the step); ``RECV_*``:
+  ``irecv`` posted ahead of need, waited for here; between plan devices of one process
+  both are hand-offs in memory;
+* ``ALLREDUCE s``: one flattened all-reduce (sum) of the stage's gradients among the
+  processes holding its replicas; ``STEP s``: the stage's optimizer step.
+
+Example::
+
+    executor = ProcessExecutor(rank, placement, plan.stages, schedule.devices, ...)
+    result = executor.run_step(inputs, targets)   # microbatch lists for this step
+    result.losses, result.events
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from planner.runtime.comm import P2P, MessageKey, Pending, ValueSpec, message_key
+from planner.schedule.actions import Action, ActionType
+
+if TYPE_CHECKING:
+    from planner.plan import StageSpec
+    from planner.runtime.placement import Placement
+    from planner.runtime.stage import StageRuntime
+
+__all__ = ["MeasuredEvent", "ProcessExecutor", "StepResult"]
+
+_T = ActionType
+
+
+@dataclass
+class MeasuredEvent:
+    """One executed action: times in ms from the start of the step."""
+
+    device: str
+    kind: str
+    stage: int
+    microbatch: int
+    start_ms: float
+    end_ms: float
+    iteration: int = 0  # ALLREDUCE/STEP: which occurrence (an iteration of a 2bw stream)
+
+
+@dataclass
+class StepResult:
+    """What one step of this process produced."""
+
+    losses: list[float] = field(default_factory=list)  # unscaled loss per last-stage microbatch
+    loss_microbatches: list[int] = field(default_factory=list)  # ... and their microbatches
+    events: list[MeasuredEvent] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class _Wait:
+    """A point where a program waits: ``ready()`` polls, ``wait()`` blocks."""
+
+    def __init__(self, ready: Callable[[], bool], wait: Callable[[], None] | None = None):
+        self.ready = ready
+        self._wait = wait
+
+    def wait(self, deadline: float) -> None:
+        if self._wait is not None:
+            self._wait()
+            return
+        while not self.ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError("no progress")
+            time.sleep(2e-5)
+
+
+class _Clock:
+    """Action timings: wall clock on CPU, CUDA events on GPU (resolved after the step)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.marks: list[tuple[str, str, int, int, Any, Any, int]] = []
+
+    def start_step(self) -> None:
+        self.marks = []
+        self.t0 = time.perf_counter()
+        if self.cuda:
+            self.e0 = torch.cuda.Event(enable_timing=True)
+            self.e0.record()
+
+    def now(self) -> Any:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def add(self, dev: str, kind: str, s: int, k: int, a: Any, b: Any, it: int = 0) -> None:
+        self.marks.append((dev, kind, s, k, a, b, it))
+
+    def events(self) -> list[MeasuredEvent]:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return [
+                MeasuredEvent(d, kd, s, k, self.e0.elapsed_time(a), self.e0.elapsed_time(b), it)
+                for d, kd, s, k, a, b, it in self.marks
+            ]
+        return [
+            MeasuredEvent(d, kd, s, k, (a - self.t0) * 1e3, (b - self.t0) * 1e3, it)
+            for d, kd, s, k, a, b, it in self.marks
+        ]
+
+
+class ProcessExecutor:
+    """Executes the action lists of the plan devices that process ``rank`` drives."""
+
+    def __init__(
+        self,
+        rank: int,
+        placement: Placement,
+        stages: Sequence[StageSpec],
+        device_actions: Mapping[str, Sequence[Action]],
+        runtimes: Mapping[int, StageRuntime],
+        steppers: Mapping[int, Any],
+        specs: Sequence[Sequence[ValueSpec]],
+        p2p: P2P,
+        replica_groups: Mapping[int, Any],
+        device: torch.device,
+        *,
+        timeout_s: float = 300.0,
+        heartbeat: Callable[[], None] | None = None,
+    ):
+        self.rank = rank
+        self.placement = placement
+        self.stages = stages
+        self.local = placement.devices_of(rank)
+        self.actions = {d: list(device_actions[d]) for d in self.local}
+        self.runtimes = runtimes
+        self.steppers = steppers
+        self.specs = specs
+        self.p2p = p2p
+        self.replica_groups = replica_groups
+        self.device = device
+        self.timeout_s = timeout_s
+        self.heartbeat = heartbeat
+        self.clock = _Clock(device)
+        # How many of this process's plan devices hold each stage (local replicas).
+        self.local_replicas = {s.id: sum(1 for d in s.devices if d in self.local) for s in stages}
+        self.streams: dict[str, Any] = {}
+        if device.type == "cuda" and len(self.local) > 1:
+            self.streams = {d: torch.cuda.Stream(device) for d in self.local}
+        # Several programs must poll; gloo completes work only in wait(): use threads.
+        self.threaded = device.type == "cpu" and len(self.local) > 1
+
+    # -- one step ---------------------------------------------------------------------
+
+    def run_step(self, inputs: Sequence[Any] | None, targets: Sequence[Any] | None) -> StepResult:
+        """Run every local action list once; ``inputs[k]``/``targets[k]`` per microbatch."""
+        self.inputs, self.targets = inputs, targets
+        self.mailbox: dict[MessageKey, tuple[Any, Any]] = {}
+        self.outbox: dict[MessageKey, list[torch.Tensor]] = {}
+        self.arrived: dict[tuple[str, int, int], int] = {}
+        self.done: dict[tuple[str, int, int], Any] = {}
+        self.losses: dict[int, torch.Tensor] = {}
+        self.p2p.reset()
+        for stream in self.streams.values():  # the step's inputs were copied on the default
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.clock.start_step()
+        start = time.perf_counter()
+        self.p2p.prefetch()
+        self._drive({d: self._program(d) for d in self.local})
+        self.p2p.finish()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        ks = sorted(self.losses)
+        losses = [float(self.losses[k]) for k in ks]
+        return StepResult(losses, ks, self.clock.events(), seconds)
+
+    def _drive(self, programs: dict[str, Iterator[_Wait]]) -> None:
+        waiting: dict[str, _Wait | None] = dict.fromkeys(programs)
+        last_progress = time.monotonic()
+        while programs:
+            progressed = False
+            for dev in list(programs):
+                w = waiting[dev]
+                if w is not None and not w.ready():
+                    continue
+                try:
+                    waiting[dev] = next(programs[dev])
+                except StopIteration:
+                    del programs[dev]
+                progressed = True
+            now = time.monotonic()
+            if progressed:
+                last_progress = now
+                continue
+            if len(programs) == 1:
+                (dev,) = programs
+                w = waiting[dev]
+                assert w is not None
+                w.wait(last_progress + self.timeout_s)
+            elif now - last_progress > self.timeout_s:
+                where = ", ".join(sorted(programs))
+                raise TimeoutError(f"no progress for {self.timeout_s:.0f} s on {where}")
+            else:
+                time.sleep(2e-5)
+
+    def _sync_streams(self) -> None:
+        # Shared mode on CUDA: the local replicas' gradients were made on several streams;
+        # the all-reduce and the step read them all, so wait for every stream first.
+        if self.streams:
+            torch.cuda.synchronize(self.device)
+
+    def _stream(self, dev: str) -> Any:
+        stream = self.streams.get(dev)
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def _event(self, dev: str) -> Any:
+        if dev not in self.streams:
+            return None
+        e = torch.cuda.Event()
+        e.record(self.streams[dev])
+        return e
+
+    def _take(self, dev: str, key: MessageKey) -> Any:
+        values, event = self.mailbox.pop(key)
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+        return values
+
+    # -- the program of one plan device -----------------------------------------------
+
+    def _program(self, dev: str) -> Iterator[_Wait]:
+        for a in self.actions[dev]:
+            kind = a.kind
+            if kind is _T.F:
+                with self._stream(dev):
+                    self._forward(dev, a.stage, a.microbatch)
+            elif kind in (_T.B, _T.I):
+                with self._stream(dev):
+                    self._backward(dev, a)
+            elif kind is _T.W:
+                with self._stream(dev):
+                    t0 = self.clock.now()
+                    self.runtimes[a.stage].backward_weight(a.microbatch)
+                    self.clock.add(dev, "W", a.stage, a.microbatch, t0, self.clock.now())
+            elif kind in (_T.SEND_ACT, _T.SEND_GRAD):
+                assert a.peer is not None
+                dst = self.placement.rank_of[a.peer]
+                if dst != self.rank:
+                    with self._stream(dev):  # NCCL orders the send after this stream's work
+                        self.p2p.send(message_key(a), dst, self.outbox.pop(message_key(a)))
+            elif kind in (_T.RECV_ACT, _T.RECV_GRAD):
+                yield from self._receive(dev, a)
+            elif kind is _T.ALLREDUCE:
+                yield from self._allreduce(dev, a.stage)
+            elif kind is _T.OPTIMIZER_STEP:
+                yield from self._step(dev, a.stage)
+
+    def _forward(self, dev: str, s: int, k: int) -> None:
+        runtime = self.runtimes[s]
+        if s == 0:
+            assert self.inputs is not None
+            inputs = self.inputs[k]
+        else:
+            inputs = self._take(dev, ("F", s, k))
+        targets = None
+        if runtime.is_last:
+            assert self.targets is not None
+            targets = self.targets[k]
+        t0 = self.clock.now()
+        out = runtime.forward(k, inputs, targets)
+        self.clock.add(dev, "F", s, k, t0, self.clock.now())
+        if runtime.is_last:
+            self.losses[k] = out
+            return
+        self._deliver(dev, ("F", s + 1, k), self.stages[s + 1].replica(k), out)
+
+    def _backward(self, dev: str, a: Action) -> None:
+        s, k = a.stage, a.microbatch
+        runtime = self.runtimes[s]
+        grads = None
+        if not runtime.is_last:
+            flat = iter(self._take(dev, ("B", s, k)))
+            grads = [next(flat) if v.has_grad else None for v in self.specs[s]]
+        t0 = self.clock.now()
+        if a.kind is _T.B:
+            in_grads = runtime.backward(k, grads)  # type: ignore[arg-type]
+        else:
+            in_grads = runtime.backward_input(k, grads)  # type: ignore[arg-type]
+        self.clock.add(dev, a.kind.value, s, k, t0, self.clock.now())
+        if s > 0:
+            self._deliver(dev, ("B", s - 1, k), self.stages[s - 1].replica(k), in_grads)
+
+    def _deliver(self, dev: str, key: MessageKey, consumer: str, values: Any) -> None:
+        """Hand a message to a local consumer, or keep its tensors for the SEND action."""
+        if self.placement.rank_of[consumer] == self.rank:
+            self.mailbox[key] = (values, self._event(dev))
+        else:
+            self.outbox[key] = [v for v in values if isinstance(v, torch.Tensor)]
+
+    def _receive(self, dev: str, a: Action) -> Iterator[_Wait]:
+        key = message_key(a)
+        assert a.peer is not None
+        src = self.placement.rank_of[a.peer]
+        if src == self.rank:
+            if key not in self.mailbox:
+                yield _Wait(lambda: key in self.mailbox)
+            return
+        incoming = self.p2p.recv(key, src)
+        if not incoming.ready():
+            yield _Wait(incoming.ready, incoming.wait)
+        with self._stream(dev):
+            incoming.wait()  # once ready: completes it (NCCL: orders this device's stream)
+        if key[0] == "F":
+            tensors = iter(incoming.buffers)
+            values: Any = tuple(
+                next(tensors) if v.is_tensor else v.constant for v in self.specs[key[1] - 1]
+            )
+        else:
+            values = list(incoming.buffers)
+        self.mailbox[key] = (values, None)
+
+    def _rendezvous(self, what: str, dev: str, s: int) -> tuple[str, int, int]:
+        """Count this replica in at the next ``what`` of stage ``s``; return its key."""
+        occurrence = 0
+        while (what, s, occurrence) in self.done or self.arrived.get((what, s, occurrence), 0) >= (
+            self.local_replicas[s]
+        ):
+            occurrence += 1
+        key = (what, s, occurrence)
+        self.arrived[key] = self.arrived.get(key, 0) + 1
+        return key
+
+    def _allreduce(self, dev: str, s: int) -> Iterator[_Wait]:
+        key = self._rendezvous("AR", dev, s)
+        t0 = self.clock.now()
+        if self.arrived[key] == self.local_replicas[s]:
+            self._sync_streams()
+            self.done[key] = self._launch_allreduce(s, key[2])
+        if key not in self.done or not self._allreduce_ready(key):
+            entry = self.done.get(key)
+            blocking = entry[0].wait if entry is not None else None
+            yield _Wait(lambda: key in self.done and self._allreduce_ready(key), blocking)
+        self._finish_allreduce(key)
+        self.clock.add(dev, "ALLREDUCE", s, -1, t0, self.clock.now(), key[2])
+
+    def _launch_allreduce(self, s: int, iteration: int) -> Any:
+        group = self.replica_groups.get(s)
+        if group is None:
+            return None
+        import torch.distributed as dist
+
+        params = self.runtimes[s].params_for(iteration)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        work = dist.all_reduce(flat, group=group, async_op=True)
+        return (Pending([work], [flat], threaded=self.threaded), [False])
+
+    def _allreduce_ready(self, key: tuple[str, int, int]) -> bool:
+        entry = self.done[key]
+        return entry is None or entry[1][0] or entry[0].ready()
+
+    def _finish_allreduce(self, key: tuple[str, int, int]) -> None:
+        entry = self.done[key]
+        if entry is None or entry[1][0]:
+            return
+        pending, finished = entry
+        pending.wait()
+        flat = pending.buffers[0]
+        offset = 0
+        for p in self.runtimes[key[1]].params_for(key[2]):
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n
+        finished[0] = True
+
+    def _step(self, dev: str, s: int) -> Iterator[_Wait]:
+        key = self._rendezvous("STEP", dev, s)
+        if self.arrived[key] == self.local_replicas[s]:
+            self._sync_streams()
+            t0 = self.clock.now()
+            with self._stream(dev):
+                self.steppers[s].step(key[2])
+            self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
+            self._sync_streams()  # the new weights, before any stream uses them
+            self.done[key] = True
+            if self.heartbeat is not None:
+                self.heartbeat()
+        elif key not in self.done:
+            yield _Wait(lambda: key in self.done)

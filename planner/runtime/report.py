@@ -1,0 +1,295 @@
+"""What a run measured, next to what the plan predicted.
+
+:class:`RunReport` holds the measured iteration time (median over the measured steps of
+the slowest rank's step), the plan's prediction and their ratio, throughput, the loss of
+every step, peak memory per device and the measured timeline of the last step. The
+timeline is written with :func:`planner.render.render_trace`, the writer ``show --trace``
+uses, so the predicted and the measured trace open side by side in Perfetto.
+
+Example::
+
+    report = run_plan("plan.json", "model.py", steps=5)
+    print(report.ratio)
+    print_run_report(report, console)
+    Path("measured.json").write_text(json.dumps(measured_trace(report)))
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["RunReport", "build_report", "measured_trace", "print_run_report", "side_by_side"]
+
+
+@dataclass
+class RunReport:
+    """The result of ``pipeplan run`` (``to_dict`` is its ``--json`` output)."""
+
+    schedule: str
+    device: str
+    backend: str
+    world_size: int
+    shared: bool
+    placement: dict[str, str]
+    steps: int
+    warmup: int
+    microbatch_size: int
+    num_microbatches: int
+    iteration_ms: float
+    step_ms: list[float]
+    predicted_iteration_ms: float | None
+    losses: list[float]
+    peak_memory_bytes: dict[str, int]
+    memory_kind: str
+    stage_ms: dict[str, float]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    predicted_memory_bytes: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    parameters: dict[str, Any] | None = None  # full-model name -> tensor, when asked for
+    profile_path: str | None = None  # the plan's profile, where it was found
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatch_size * self.num_microbatches
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.iteration_ms * 1e3 if self.iteration_ms > 0 else math.inf
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured / predicted iteration time (1.0 = the plan was exact)."""
+        if not self.predicted_iteration_ms:
+            return None
+        return self.iteration_ms / self.predicted_iteration_ms
+
+    @property
+    def predicted_samples_per_s(self) -> float | None:
+        p = self.predicted_iteration_ms
+        return self.global_batch / p * 1e3 if p else None
+
+    def to_dict(self) -> dict[str, Any]:
+        ratio = self.ratio
+        return {
+            "schedule": self.schedule,
+            "device": self.device,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "shared_devices": self.shared,
+            "placement": self.placement,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "microbatch_size": self.microbatch_size,
+            "num_microbatches": self.num_microbatches,
+            "global_batch": self.global_batch,
+            "measured": {
+                "iteration_ms": round(self.iteration_ms, 4),
+                "step_ms": [round(x, 4) for x in self.step_ms],
+                "samples_per_s": round(self.samples_per_s, 4),
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "memory_kind": self.memory_kind,
+                "stage_ms": {k: round(v, 4) for k, v in self.stage_ms.items()},
+            },
+            "predicted": {
+                "iteration_ms": self.predicted_iteration_ms,
+                "samples_per_s": self.predicted_samples_per_s,
+                "memory_bytes": self.predicted_memory_bytes,
+            },
+            "ratio": None if ratio is None else round(ratio, 4),
+            "losses": self.losses,
+            "notes": self.notes,
+        }
+
+
+def build_report(
+    result: dict[str, Any],
+    *,
+    plan: Any,
+    placement: Any,
+    steps: int,
+    warmup: int,
+    notes: list[str],
+) -> RunReport:
+    """Combine the ranks' gathered results into one report.
+
+    Example::
+
+        report = build_report(result, plan=plan, placement=placement, steps=5, warmup=1,
+                              notes=[])
+    """
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    step_ms = [
+        max(r["step_seconds"][i] for r in ranks) * 1e3 for i in range(len(ranks[0]["step_seconds"]))
+    ]
+    m = plan.num_microbatches
+    total_steps = len(ranks[0]["losses"])
+    losses = []
+    for i in range(total_steps):
+        values = [x for r in ranks for x in r["losses"][i]]
+        losses.append(sum(values) / m)
+    where = {}
+    memory: dict[str, int] = {}
+    for r in ranks:
+        for d in r["devices"]:
+            where[d] = f"rank {r['rank']} ({r['torch_device']})"
+            memory[d] = int(r["peak_memory_bytes"])
+    stage_ms: dict[str, float] = {}
+    for r in ranks:
+        for k, v in r["stage_ms"].items():
+            stage_ms[k] = max(stage_ms.get(k, 0.0), float(v))
+    events = [ev for r in ranks for ev in r["events"]]
+    predicted = plan.predicted.get("iteration_ms")
+    step = max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0)
+    if predicted and step > 0.05 * float(predicted):
+        notes = [
+            *notes,
+            f"the optimizer step takes up to {step:.2f} ms per stage, which the prediction "
+            f"leaves out (simulate --step-ms {step:.2f} includes it)",
+        ]
+    return RunReport(
+        schedule=str(plan.schedule.get("name")),
+        device=placement.device_type,
+        backend=placement.backend,
+        world_size=placement.world_size,
+        shared=placement.shared,
+        placement=where,
+        steps=steps,
+        warmup=warmup,
+        microbatch_size=plan.microbatch_size,
+        num_microbatches=m,
+        iteration_ms=statistics.median(step_ms) if step_ms else 0.0,
+        step_ms=step_ms,
+        predicted_iteration_ms=float(predicted) if predicted else None,
+        losses=losses,
+        peak_memory_bytes=memory,
+        memory_kind=ranks[0]["memory_kind"],
+        stage_ms=dict(sorted(stage_ms.items())),
+        events=events,
+        predicted_memory_bytes=dict(plan.predicted.get("memory_bytes", {})),
+        notes=notes,
+    )
+
+
+def measured_trace(report: RunReport, schedule: Any) -> dict[str, Any]:
+    """The measured last step as Chrome/Perfetto JSON, in ``show --trace``'s format.
+
+    Example::
+
+        Path("measured.json").write_text(json.dumps(measured_trace(report, schedule)))
+    """
+    from planner.render import render_trace
+    from planner.simulate import SimEvent, SimResult
+
+    devices = list(report.placement)
+    busy: dict[str, float] = dict.fromkeys(devices, 0.0)
+    events = []
+    for ev in report.events:
+        events.append(
+            SimEvent(
+                ev["device"],
+                ev["kind"],
+                ev["stage"],
+                ev["microbatch"],
+                ev["start_ms"],
+                ev["end_ms"],
+            )
+        )
+        if ev["kind"] in ("F", "B", "I", "W"):
+            busy[ev["device"]] = busy.get(ev["device"], 0.0) + ev["end_ms"] - ev["start_ms"]
+    span = max((e.end_ms for e in events), default=0.0)
+    bubble = 0.0 if span <= 0 else max(0.0, 1 - sum(busy.values()) / (len(busy) * span))
+    result = SimResult(
+        iteration_ms=report.iteration_ms,
+        memory_bytes=dict(report.peak_memory_bytes),
+        busy_ms=busy,
+        bubble_fraction=bubble,
+        lower_bound_ms=0.0,
+        staleness=None,
+        raw_events=[],
+        schedule=schedule,
+        device_names=devices,
+        num_microbatches=report.num_microbatches,
+        microbatch_size=report.microbatch_size,
+    )
+    # SimResult builds ``events``/``transfers`` lazily into these caches; fill them directly.
+    result.__dict__["_events"] = events
+    result.__dict__["_transfers"] = []
+    trace = render_trace(result)
+    trace["metadata"].update(
+        {"source": "measured (pipeplan run)", "device": report.device, "ratio": report.ratio}
+    )
+    return trace
+
+
+def side_by_side(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """One trace with the measured step and the plan's simulated one as separate processes.
+
+    Both come from :func:`planner.render.render_trace` (pids 1-2); the predicted ones move
+    to pids 11-12 and every process name says which it is.
+
+    Example::
+
+        both = side_by_side(measured_trace(report, schedule), render_trace(resimulate(...)))
+    """
+    events: list[dict[str, Any]] = []
+    for label, trace, offset in (("measured", measured, 0), ("predicted", predicted, 10)):
+        for ev in trace["traceEvents"]:
+            ev = dict(ev)
+            if "pid" in ev:
+                ev["pid"] = ev["pid"] + offset
+            if ev.get("name") == "process_name":
+                ev["args"] = {"name": f"{label} {ev['args']['name']}"}
+            events.append(ev)
+    meta = dict(measured.get("metadata", {}))
+    meta["predicted"] = predicted.get("metadata", {})
+    return dict(measured, traceEvents=events, metadata=meta)
+
+
+def print_run_report(report: RunReport, console: Console) -> None:
+    """Predicted against measured, as a rich table, plus per-device memory.
+
+    Example::
+
+        print_run_report(report, Console())
+    """
+    from rich.table import Table
+
+    from planner.units import format_bytes
+
+    table = Table(title=f"pipeplan run: {report.schedule}, {report.steps} steps")
+    table.add_column("")
+    table.add_column("predicted", justify="right")
+    table.add_column("measured", justify="right")
+    p, ps = report.predicted_iteration_ms, report.predicted_samples_per_s
+    table.add_row("iteration (ms)", "-" if p is None else f"{p:.2f}", f"{report.iteration_ms:.2f}")
+    table.add_row("samples/s", "-" if ps is None else f"{ps:.1f}", f"{report.samples_per_s:.1f}")
+    ratio = report.ratio
+    table.add_row("measured / predicted", "", "-" if ratio is None else f"{ratio:.3f}")
+    if report.losses:
+        table.add_row(
+            "loss (first -> last step)", "", f"{report.losses[0]:.4f} -> {report.losses[-1]:.4f}"
+        )
+    console.print(table)
+    mem = Table(title=f"devices ({report.backend}, {report.world_size} processes)")
+    mem.add_column("device")
+    mem.add_column("runs on")
+    mem.add_column("predicted memory", justify="right")
+    label = "peak CUDA memory" if report.memory_kind.startswith("cuda") else "process max RSS"
+    mem.add_column(label, justify="right")
+    for dev, where in report.placement.items():
+        pm = report.predicted_memory_bytes.get(dev)
+        mem.add_row(
+            dev,
+            where,
+            "-" if pm is None else format_bytes(pm),
+            format_bytes(report.peak_memory_bytes.get(dev, 0)),
+        )
+    console.print(mem)
+    for note in report.notes:
+        console.print(f"note: {note}")

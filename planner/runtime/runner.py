@@ -1,0 +1,301 @@
+"""``run_plan``: check a plan against its model, launch the processes, build the report.
+
+Before anything starts, the plan is refused (InputError, exit 2) when
+
+* its schedule is not a valid, deadlock-free execution of its stages;
+* the profile it was made from (``plan.profile.path``, found relative to the current
+  folder or to the plan file) changed since (sha256), or was measured on another
+  ``model.py`` (the profile's ``source_sha256`` against the given file's);
+* the model splits into a different number of layers (or other layer names) than the
+  profile has.
+
+A profile that cannot be found is not an error (plans travel between machines): the
+source check is skipped and the report says so.
+
+Example::
+
+    report = run_plan("plan.json", "examples/mlp.py", steps=5, device="cpu")
+    report.iteration_ms, report.ratio
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.plan import Plan
+from planner.runtime.report import RunReport, build_report
+
+__all__ = ["check_plan", "prepare_run", "run_plan"]
+
+
+def _find_profile(plan: Plan, plan_source: str | None) -> Path | None:
+    raw = plan.profile.get("path")
+    if not raw or raw == "<memory>":
+        return None
+    candidates = [Path(raw)]
+    if plan_source and not Path(raw).is_absolute():
+        candidates.append(Path(plan_source).resolve().parent / raw)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def check_plan(
+    plan: Plan, model_path: str | os.PathLike[str], plan_source: str | None
+) -> dict[str, Any]:
+    """Refuse a plan that does not fit ``model_path``; returns the run's settings.
+
+    The result has ``optimizer``, ``split_at``, ``threads`` (of the profile, when found),
+    the validated ``schedule`` and ``notes`` for the report.
+
+    Example::
+
+        settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
+    """
+    from planner.fileio import sha256_file
+    from planner.profile.loader import load_model_file
+    from planner.profile.schema import load_profile
+    from planner.schedule import Schedule, validate_schedule
+
+    where = plan_source or "<plan>"
+    schedule = Schedule.from_dict(plan.schedule, source=where)
+    validate_schedule(schedule, plan.stages, source=where)
+    if schedule.iterations != 1:
+        raise InputError(
+            f"the schedule lists {schedule.iterations} iterations; run executes one "
+            "iteration's lists per step (re-create the plan with one iteration)",
+            file=where,
+            field="schedule.iterations",
+        )
+    user = load_model_file(model_path)
+    notes: list[str] = []
+    settings: dict[str, Any] = {
+        "optimizer": "adam",
+        "split_at": None,
+        "threads": None,
+        "schedule": schedule,
+        "profile": None,
+        "notes": notes,
+    }
+    found = _find_profile(plan, plan_source)
+    if found is None:
+        notes.append(f"profile {plan.profile.get('path')!r} not found: model source not checked")
+    else:
+        want = plan.profile.get("sha256")
+        if want and sha256_file(found) != want:
+            raise InputError(
+                f"the profile {found} changed since this plan was made (sha256 differs); "
+                "solve again with the current profile",
+                file=where,
+                field="profile.sha256",
+            )
+        profile = load_profile(found)
+        settings["profile"] = profile
+        settings["profile_path"] = str(found)
+        if profile.source_sha256 and profile.source_sha256 != user.source_sha256:
+            raise InputError(
+                f"this model.py is not the one profiled for the plan (its sha256 "
+                f"{user.source_sha256[:12]} differs from the profile's "
+                f"{profile.source_sha256[:12]}); profile and solve again, or pass the right "
+                "--model",
+                file=str(model_path),
+                field="source_sha256",
+            )
+        settings["optimizer"] = profile.optimizer
+        settings["split_at"] = profile.meta.get("split_at")
+        settings["threads"] = profile.meta.get("threads")
+        settings["layer_names"] = [layer.name for layer in profile.layers]
+    settings["num_layers"] = max(s.last for s in plan.stages) + 1
+    return settings
+
+
+def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], plan: Plan) -> None:
+    """Split the model here once, so a mismatch is one clear line, not a worker crash."""
+    import torch
+
+    from planner.profile.loader import load_model_file
+    from planner.profile.split import split_model
+
+    user = load_model_file(model_path)
+    torch.manual_seed(0)
+    model = user.build()
+    inputs, _ = user.batch(plan.microbatch_size)
+    split = split_model(model, len(inputs), settings.get("split_at"))
+    names = settings.get("layer_names")
+    if names is not None and list(split.names) != list(names):
+        raise InputError(
+            f"the model splits into {split.num_layers} layers {split.names[:4]}... but the "
+            f"profile has {len(names)} {names[:4]}...; profile again",
+            file=str(model_path),
+            field="layers",
+        )
+    if settings["num_layers"] != split.num_layers:
+        raise InputError(
+            f"the plan's stages cover {settings['num_layers']} layers but the model splits "
+            f"into {split.num_layers}",
+            file=str(model_path),
+            field="stages",
+        )
+
+
+def prepare_run(
+    plan: Plan | str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    device_map: str | None = None,
+    world_size: int | None = None,
+    plan_source: str | None = None,
+) -> tuple[Plan, dict[str, Any], Any]:
+    """Load and check the plan and place its devices: ``(plan, settings, placement)``.
+
+    Example::
+
+        plan, settings, placement = prepare_run("plan.json", "model.py", device="cpu")
+    """
+    from planner.runtime.placement import place
+
+    if not isinstance(plan, Plan):
+        plan_source = str(plan)
+        plan = Plan.load(plan)
+    settings = check_plan(plan, model_path, plan_source)
+    _check_split(settings, model_path, plan)
+    placement = place(plan.stages, device, world_size=world_size, device_map=device_map)
+    if placement.shared:
+        shared = [
+            f"rank {r}: {', '.join(placement.devices_of(r))}"
+            for r in range(placement.world_size)
+            if len(placement.devices_of(r)) > 1
+        ]
+        settings["notes"].append(
+            "devices shared: several plan devices run in one process (" + "; ".join(shared) + ")"
+        )
+    if plan.schedule.get("name") == "2bw" or not settings["schedule"].flush:
+        from planner.runtime.worker import stream_2bw
+
+        _, stream = stream_2bw(settings["schedule"], plan.stages, plan.num_microbatches, 2)
+        how = (
+            "iterations run as one continuous stream without a flush (the next one starts "
+            "while the last drains), as the steady-state prediction assumes"
+            if stream
+            else "the plan's own (hand-made) lists run once per step"
+        )
+        settings["notes"].append(
+            "2bw: two weight versions, one-step-stale gradients "
+            f"(W(t+1) = W(t) - lr * grad f(W(t-1))); {how}"
+        )
+    return plan, settings, placement
+
+
+def worker_config(
+    plan: Plan,
+    settings: dict[str, Any],
+    placement: Any,
+    model_path: str | os.PathLike[str],
+    *,
+    steps: int,
+    warmup: int,
+    timeout_s: float,
+    run_dir: str,
+    threads: int | None = None,
+    lr: float | None = None,
+    return_params: bool = False,
+    plan_source: str | None = None,
+) -> dict[str, Any]:
+    """The JSON-able settings every worker reads.
+
+    Example::
+
+        config = worker_config(plan, settings, placement, "model.py", steps=5, warmup=1,
+                               timeout_s=60, run_dir="/tmp/run")
+    """
+    if threads is None:
+        threads = settings.get("threads") or max(1, (os.cpu_count() or 1) // placement.world_size)
+    return {
+        "plan": plan.to_dict(),
+        "plan_source": plan_source or "<plan>",
+        "model": str(Path(model_path).resolve()),
+        "placement": placement.to_dict(),
+        "steps": steps,
+        "warmup": warmup,
+        "timeout_s": timeout_s,
+        "run_dir": run_dir,
+        "threads": int(threads),
+        "optimizer": settings["optimizer"],
+        "split_at": settings.get("split_at"),
+        "lr": lr,
+        "return_params": return_params,
+    }
+
+
+def run_plan(
+    plan: Plan | str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    device: str = "cpu",
+    timeout_s: float = 300.0,
+    threads: int | None = None,
+    lr: float | None = None,
+    device_map: str | None = None,
+    optimizer: str | None = None,
+    return_params: bool = False,
+) -> RunReport:
+    """Train ``steps`` (+ ``warmup``) iterations exactly as the plan says; measured report.
+
+    Raises InputError for a plan that does not fit the model, RunFailed when a rank fails.
+    ``optimizer`` overrides the profile's (adam, adamw, sgd, momentum), ``lr`` its default
+    rate; ``return_params`` puts the trained parameters in ``report.parameters``.
+
+    Example::
+
+        report = run_plan("plan.json", "examples/mlp.py", steps=3, device="cpu")
+        print(f"{report.iteration_ms:.1f} ms, {report.ratio:.2f}x the prediction")
+    """
+    import torch
+
+    from planner.runtime.launch import launch_local
+
+    if steps < 1 or warmup < 0:
+        raise InputError("expected --steps >= 1 and --warmup >= 0", field="--steps")
+    plan_source = str(plan) if not isinstance(plan, Plan) else None
+    plan, settings, placement = prepare_run(
+        plan, model_path, device=device, device_map=device_map, plan_source=plan_source
+    )
+    if optimizer is not None:
+        settings["optimizer"] = optimizer
+    run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
+    try:
+        config = worker_config(
+            plan,
+            settings,
+            placement,
+            model_path,
+            steps=steps,
+            warmup=warmup,
+            timeout_s=timeout_s,
+            run_dir=run_dir,
+            threads=threads,
+            lr=lr,
+            return_params=return_params,
+            plan_source=plan_source,
+        )
+        result = launch_local(config, placement.world_size, timeout_s=timeout_s)
+        report = build_report(
+            result,
+            plan=plan,
+            placement=placement,
+            steps=steps,
+            warmup=warmup,
+            notes=settings["notes"],
+        )
+        if return_params:
+            report.parameters = torch.load(Path(run_dir) / "params.pt")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    report.profile_path = settings.get("profile_path")
+    return report

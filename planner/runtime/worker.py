@@ -1,0 +1,379 @@
+"""The body of one ``run`` process: build its stages, run the steps, report back.
+
+Every process loads ``model.py``, builds the model with the profiler's seed (so all ranks
+start from the same weights), splits it with :func:`planner.profile.split.split_model` as
+the profiler did, and keeps the stages of the plan devices it drives. Each step every
+process draws the same global batch (``torch.manual_seed(step)``, then
+``sample_batch(microbatch_size * num_microbatches)``) and slices microbatch ``k`` as rows
+``k * mbs .. (k + 1) * mbs``; first stages use its inputs, last stages its targets.
+
+Rank 0 gathers the results (timings, losses, memory, optionally the parameters) over a
+gloo group and writes them to the run directory. Any failure writes ``error-RANK.txt`` (one
+line naming the rank, its devices and the error) and exits non-zero; the launcher's
+watchdog then stops every other rank.
+
+Example::
+
+    worker_main(rank=0, config=json.loads(Path(run_dir, "config.json").read_text()))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FAULT_ENV", "stream_2bw", "worker_entry", "worker_main"]
+
+FAULT_ENV = "PIPEPLAN_FAULT"
+"""``RANK:STEP:raise|kill|hang``: make one rank fail at a step (to test the failure paths)."""
+
+
+def worker_entry(rank: int, config_path: str) -> None:
+    """Entry point of a spawned process: run, and on any error write it and exit 1.
+
+    Example::
+
+        python -m planner.runtime.worker 0 /tmp/run/config.json   # what launch.py starts
+    """
+    _die_with_parent()
+    config = json.loads(Path(config_path).read_text())
+    try:
+        worker_main(rank, config)
+    except BaseException as exc:  # report every failure, then end this process at once
+        _write_error(Path(config["run_dir"]), rank, config, exc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def _die_with_parent() -> None:
+    # Linux: the kernel kills this worker if the launcher dies, so no orphan survives it.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _write_error(run_dir: Path, rank: int, config: dict[str, Any], exc: BaseException) -> None:
+    from planner.errors import InputError
+    from planner.runtime.placement import Placement
+
+    devices = Placement.from_dict(config["placement"]).devices_of(rank)
+    if isinstance(exc, InputError):
+        text = exc.one_line()
+    elif isinstance(exc, KeyboardInterrupt):
+        text = "interrupted"
+    else:
+        text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            f = frames[-1]
+            text += f" (at {Path(f.filename).name}:{f.lineno})"
+    line = f"rank {rank} ({', '.join(devices)}): {text}"
+    with contextlib.suppress(OSError):
+        (run_dir / f"error-{rank}.txt").write_text(line + "\n")
+    # Not printed: the launcher prints the one line that matters (the first failure).
+
+
+def _fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    r, s, kind = (spec.split(":") + ["", "", ""])[:3]
+    if int(r) != rank or int(s) != step:
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(1e6)
+    raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
+
+
+def _slice(value: Any, lo: int, hi: int) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value[lo:hi]
+    if isinstance(value, tuple | list):
+        return type(value)(_slice(v, lo, hi) for v in value)
+    if isinstance(value, dict):
+        return {k: _slice(v, lo, hi) for k, v in value.items()}
+    return value
+
+
+def _to(value: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Run this rank's share of the plan; rank 0 returns (and writes) the gathered result.
+
+    ``config`` is what :func:`planner.runtime.launch.worker_config` builds.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from planner.plan import plan_from_dict
+    from planner.profile.loader import load_model_file
+    from planner.profile.split import split_model
+    from planner.runtime.comm import P2P, cut_specs, message_order
+    from planner.runtime.executor import ProcessExecutor
+    from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
+    from planner.runtime.placement import Placement
+    from planner.runtime.stage import StageRuntime
+    from planner.schedule.actions import Schedule
+
+    run_dir = Path(config["run_dir"])
+    placement = Placement.from_dict(config["placement"])
+    torch.set_num_threads(int(config.get("threads") or 1))
+    if placement.device_type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    timeout = datetime.timedelta(seconds=float(config["timeout_s"]))
+    init = config.get("init_method") or "env://"
+    dist.init_process_group(
+        placement.backend,
+        init_method=init,
+        rank=rank,
+        world_size=placement.world_size,
+        timeout=timeout,
+    )
+    control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
+    _heartbeat(run_dir, rank)
+
+    plan = plan_from_dict(config["plan"], source=config.get("plan_source", "<plan>"))
+    schedule = Schedule.from_dict(plan.schedule, source=config.get("plan_source"))
+    mbs, m = plan.microbatch_size, plan.num_microbatches
+    user = load_model_file(config["model"])
+    torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
+    model = user.build()
+    model.train()
+    sample_inputs, _ = user.batch(mbs)
+    split = split_model(model, len(sample_inputs), config.get("split_at"))
+    specs = cut_specs(split, plan.stages, sample_inputs)
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    local = placement.devices_of(rank)
+    local_stages = [s for s in plan.stages if any(d in local for d in s.devices)]
+    two_bw = schedule.name == "2bw" or not schedule.flush
+    warmup, steps = int(config["warmup"]), int(config["steps"])
+    total = warmup + steps
+    device_actions, stream = schedule.devices, False
+    if two_bw and total > 1:
+        device_actions, stream = stream_2bw(schedule, plan.stages, m, total)
+    runtimes: dict[int, StageRuntime] = {}
+    steppers: dict[int, Any] = {}
+    for spec in local_stages:
+        module = split.stage(spec.first, spec.last).to(device)
+        module.train()
+        is_last = spec.id == len(plan.stages) - 1
+        params = [p for p in module.parameters() if p.requires_grad]
+        if stream:
+            steppers[spec.id] = StreamedTwoBW(params, config["optimizer"], config.get("lr"))
+        elif two_bw:
+            steppers[spec.id] = TwoBufferedWeights(params, config["optimizer"], config.get("lr"))
+        else:
+            steppers[spec.id] = PlainStep(params, config["optimizer"], config.get("lr"))
+        runtimes[spec.id] = StageRuntime(
+            module,
+            stage_id=spec.id,
+            is_last=is_last,
+            recompute=spec.recompute,
+            num_microbatches=m,
+            loss=user.loss if is_last else None,
+            weights=steppers[spec.id].weights if stream else None,
+        )
+    # Every rank creates every replica group, in stage order (torch.distributed requires it).
+    groups: dict[int, Any] = {}
+    for spec in plan.stages:
+        ranks = sorted({placement.rank_of[d] for d in spec.devices})
+        if len(ranks) > 1:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                groups[spec.id] = group
+    order = message_order(device_actions, plan.stages, placement.rank_of)
+    executor = ProcessExecutor(
+        rank,
+        placement,
+        plan.stages,
+        device_actions,
+        runtimes,
+        steppers,
+        specs,
+        P2P(rank, order, specs, device, threaded=device.type == "cpu" and len(local) > 1),
+        groups,
+        device,
+        timeout_s=float(config["timeout_s"]),
+        heartbeat=lambda: _heartbeat(run_dir, rank),
+    )
+    needs_inputs = 0 in runtimes
+    needs_targets = len(plan.stages) - 1 in runtimes
+
+    def batches(step: int) -> tuple[list[Any] | None, list[Any] | None]:
+        if not (needs_inputs or needs_targets):
+            return None, None
+        torch.manual_seed(step)
+        x, y = user.batch(mbs * m)
+        ins = [_to(_slice(x, k * mbs, (k + 1) * mbs), device) for k in range(m)]
+        tgs = [_to(_slice(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
+        return (ins if needs_inputs else None), (tgs if needs_targets else None)
+
+    step_seconds: list[float] = []
+    losses: list[list[float]] = []
+    stage_samples: dict[str, list[float]] = {}
+    last_events: list[dict[str, Any]] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if stream:
+        # One continuous 2bw stream: the data of every iteration, then one run.
+        _heartbeat(run_dir, rank)
+        _fault(rank, 0)
+        ins_all: list[Any] = []
+        tgs_all: list[Any] = []
+        for step in range(total):
+            ins, tgs = batches(step)
+            ins_all += ins or []
+            tgs_all += tgs or []
+        dist.barrier(group=control)
+        result = executor.run_step(ins_all or None, tgs_all or None)
+        step_seconds, losses, stage_samples, last_events = _split_stream(result, m, warmup, total)
+    for step in range(0 if stream else total):
+        _heartbeat(run_dir, rank)
+        _fault(rank, step)
+        inputs, targets = batches(step)
+        dist.barrier(group=control)
+        result = executor.run_step(inputs, targets)
+        losses.append(result.losses)
+        if step >= warmup:
+            step_seconds.append(result.seconds)
+            for ev in result.events:
+                key = f"{ev.kind}{ev.stage}"
+                stage_samples.setdefault(key, []).append(ev.end_ms - ev.start_ms)
+            last_events = [ev.__dict__ for ev in result.events]
+    dist.barrier(group=control)
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else _max_rss()
+    mine: dict[str, Any] = {
+        "rank": rank,
+        "devices": local,
+        "torch_device": str(device),
+        "step_seconds": step_seconds,
+        "losses": losses,
+        "events": last_events,
+        "stage_ms": {k: statistics.median(v) for k, v in stage_samples.items()},
+        "stage_count": {k: len(v) for k, v in stage_samples.items()},
+        "peak_memory_bytes": peak,
+        "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
+    }
+    trained: dict[str, Any] = {}
+    if config.get("return_params"):
+        for s, rt in runtimes.items():
+            tensors = steppers[s].state() if two_bw else rt.params
+            for p, t in zip(rt.params, tensors, strict=True):
+                trained[names[id(p)]] = t.detach().to("cpu").clone()
+    gathered: list[Any] = [None] * placement.world_size if rank == 0 else []
+    dist.gather_object(mine, gathered if rank == 0 else None, dst=0, group=control)
+    gathered_params: list[Any] = [None] * placement.world_size if rank == 0 else []
+    if config.get("return_params"):
+        dist.gather_object(trained, gathered_params if rank == 0 else None, dst=0, group=control)
+    out = None
+    if rank == 0:
+        out = {"ranks": gathered}
+        (run_dir / "result.json").write_text(json.dumps(out))
+        if config.get("return_params"):
+            merged: dict[str, Any] = {}
+            for part in gathered_params:
+                for k, v in part.items():
+                    merged.setdefault(k, v)
+            torch.save(merged, run_dir / "params.pt")
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return out
+
+
+def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, bool]:
+    """2bw without a flush: when the plan's lists are the generator's, run its continuous
+    stream of ``total`` iterations (iteration i+1 starts while i drains), as 2BW does.
+
+    Returns ``(device action lists, True)``, or the plan's own lists and False.
+
+    Example::
+
+        actions, stream = stream_2bw(schedule, plan.stages, plan.num_microbatches, 10)
+    """
+    from planner.schedule import build_schedule
+
+    def text(devices: Any) -> dict[str, list[str]]:
+        return {d: [str(a) for a in acts] for d, acts in devices.items()}
+
+    if text(build_schedule("2bw", stages, m).devices) != text(schedule.devices):
+        return schedule.devices, False  # a hand-made order: run it as given, step by step
+    return build_schedule("2bw", stages, m, iterations=total).devices, True
+
+
+def _split_stream(
+    result: Any, m: int, warmup: int, total: int
+) -> tuple[list[float], list[list[float]], dict[str, list[float]], list[dict[str, Any]]]:
+    """Per-iteration figures of one 2bw stream: an iteration ends with this rank's last STEP
+    of it; the measured events are those of the last iteration."""
+    ends = [0.0] * total
+    for ev in result.events:
+        if ev.kind == "STEP":
+            ends[ev.iteration] = max(ends[ev.iteration], ev.end_ms)
+    for i in range(1, total):
+        ends[i] = max(ends[i], ends[i - 1])
+    bounds = [0.0, *ends]
+    seconds = [(bounds[i + 1] - bounds[i]) / 1e3 for i in range(warmup, total)]
+    losses: list[list[float]] = [[] for _ in range(total)]
+    for k, value in zip(result.loss_microbatches, result.losses, strict=True):
+        losses[k // m].append(value)
+
+    def iteration(ev: Any) -> int:
+        return ev.microbatch // m if ev.microbatch >= 0 else ev.iteration
+
+    samples: dict[str, list[float]] = {}
+    for ev in result.events:
+        if iteration(ev) >= warmup:
+            samples.setdefault(f"{ev.kind}{ev.stage}", []).append(ev.end_ms - ev.start_ms)
+    last = [ev for ev in result.events if iteration(ev) == total - 1]
+    t0 = min((ev.start_ms for ev in last), default=0.0)
+    events = [dict(ev.__dict__, start_ms=ev.start_ms - t0, end_ms=ev.end_ms - t0) for ev in last]
+    return seconds, losses, samples, events
+
+
+def _heartbeat(run_dir: Path, rank: int) -> None:
+    with contextlib.suppress(OSError):
+        (run_dir / f"alive-{rank}").write_text(str(time.time()))
+
+
+def _max_rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+if __name__ == "__main__":  # python -m planner.runtime.worker RANK CONFIG (see launch.py)
+    worker_entry(int(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,209 @@
+"""`pipeplan run` on CPU with gloo: pipelined training equals single-process training.
+
+Every run here spawns real torch.distributed processes (2-3, one thread each) and trains a
+tiny model for a few steps; each multi-process test has a hard timeout so CI never hangs.
+"""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.plan import Plan, parse_stages
+from planner.profile.loader import load_model_file
+from planner.runtime import run_plan
+from planner.schedule import build_schedule
+
+HARD_TIMEOUT_S = 100
+
+
+@pytest.fixture(autouse=True)
+def hard_timeout() -> Iterator[None]:
+    """SIGALRM interrupts a hung run; run_plan then kills every worker it started."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"test exceeded its hard timeout of {HARD_TIMEOUT_S} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(HARD_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+HERE = Path(__file__).parent
+SKIP = HERE / "models" / "skip.py"  # two inputs, values carried across several cuts
+
+TINY = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    def build_model():
+        return nn.Sequential(
+            nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+        )
+
+    def sample_batch(batch_size):
+        x = torch.randn(batch_size, 6)          # the runtime seeds torch per step
+        return x, torch.randn(batch_size, 3)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny.py"
+    path.write_text(TINY)
+    return path
+
+
+def make_plan(text: str, schedule: str, m: int, mbs: int, recompute: tuple[int, ...] = ()) -> Plan:
+    stages = parse_stages(text, recompute=list(recompute))
+    sched = build_schedule(schedule, stages, m)
+    return Plan(
+        profile={"path": "<memory>", "sha256": ""},
+        topology={"path": "<none>", "sha256": ""},
+        microbatch_size=mbs,
+        num_microbatches=m,
+        stages=stages,
+        schedule=sched.to_dict(),
+        predicted={"iteration_ms": 10.0},
+    )
+
+
+def reference(
+    model: Path, steps: int, batch: int, optimizer: str, lr: float, *, two_bw: bool = False
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain single-process training on the same global batches (2bw: its stated rule)."""
+    user = load_model_file(model)
+    torch.manual_seed(0)
+    net = user.build()
+    params = dict(net.named_parameters())
+    if optimizer == "adam":
+        opt: torch.optim.Optimizer
+        current = {n: p.detach().clone() for n, p in params.items()}
+        opt = torch.optim.Adam(list(current.values()) if two_bw else net.parameters(), lr=lr)
+    else:
+        current = {n: p.detach().clone() for n, p in params.items()}
+        target = list(current.values()) if two_bw else list(net.parameters())
+        opt = torch.optim.SGD(target, lr=lr, momentum=0.9 if optimizer == "momentum" else 0)
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        x, y = user.batch(batch)
+        net.zero_grad()
+        loss = user.loss(net(*x), y)
+        loss.backward()
+        losses.append(loss.item())
+        if two_bw:
+            # W(t+1) = W(t) - lr * grad f(W(t-1)): the module holds W(t-1).
+            newer = {n: c.clone() for n, c in current.items()}
+            for n, c in current.items():
+                c.grad = params[n].grad
+            opt.step()
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(newer[n])
+        else:
+            opt.step()
+    final = current if two_bw else {n: p.detach() for n, p in params.items()}
+    return losses, final
+
+
+def check_same(report, ref_losses, ref_params) -> None:  # type: ignore[no-untyped-def]
+    assert report.losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-7)
+    assert report.parameters is not None
+    assert set(report.parameters) == set(ref_params)
+    for name, value in ref_params.items():
+        torch.testing.assert_close(report.parameters[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stages", "m", "recompute"),
+    [
+        ("gpipe", "0-1:cpu0;2-4:cpu1", 4, ()),
+        ("1f1b", "0-2:cpu0;3-4:cpu1", 4, (0,)),
+        ("interleaved", "0:cpu0;1-2:cpu1;3:cpu0;4:cpu1", 4, ()),
+    ],
+)
+def test_synchronous_schedules_match_single_process(
+    tiny: Path, schedule: str, stages: str, m: int, recompute: tuple[int, ...]
+) -> None:
+    steps, warmup, mbs = 3, 1, 2
+    plan = make_plan(stages, schedule, m, mbs, recompute)
+    report = run_plan(
+        plan, tiny, steps=steps, warmup=warmup, timeout_s=60, optimizer="momentum", lr=0.05,
+        return_params=True,
+    )  # fmt: skip
+    losses, params = reference(tiny, steps + warmup, mbs * m, "momentum", 0.05)
+    check_same(report, losses, params)
+    torch.manual_seed(0)
+    initial = dict(load_model_file(tiny).build().named_parameters())
+    assert all(not torch.equal(initial[n], p) for n, p in params.items())  # it trained
+    assert len(report.step_ms) == steps and report.iteration_ms > 0
+
+
+def test_zero_bubble_with_carried_values_recompute_and_adam() -> None:
+    """ZB's split backward (I, then W later) on a model with two inputs and values that
+    skip stages; the first stage recomputed; the Adam optimizer."""
+    plan = make_plan("0-1:cpu0;2-5:cpu1", "zb", 3, 2, recompute=(0,))
+    report = run_plan(
+        plan, SKIP, steps=2, warmup=1, timeout_s=60, optimizer="adam", lr=1e-2,
+        return_params=True,
+    )  # fmt: skip
+    losses, params = reference(SKIP, 3, 6, "adam", 1e-2)
+    check_same(report, losses, params)
+    kinds = {(ev["kind"], ev["stage"]) for ev in report.events}
+    assert {("I", 0), ("W", 0), ("I", 1), ("W", 1)} <= kinds
+
+
+def test_replicated_stage_allreduce(tiny: Path) -> None:
+    """Stage 0 on two replicas (microbatches round robin), all-reduced before the step."""
+    plan = make_plan("0-2:cpu0,cpu1;3-4:cpu2", "1f1b", 4, 2)
+    assert "ALLREDUCE0" in plan.schedule["devices"]["cpu0"]
+    report = run_plan(
+        plan, tiny, steps=2, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1, return_params=True
+    )
+    assert report.world_size == 3
+    losses, params = reference(tiny, 2, 8, "sgd", 0.1)
+    check_same(report, losses, params)
+
+
+def test_shared_devices_in_one_process(tiny: Path) -> None:
+    """Three plan devices on two processes (the mode a single GPU uses), same results."""
+    plan = make_plan("0-1:cpu0;2-3:cpu1;4:cpu2", "1f1b", 3, 2)
+    report = run_plan(
+        plan,
+        tiny,
+        steps=2,
+        warmup=0,
+        timeout_s=60,
+        optimizer="sgd",
+        lr=0.1,
+        device_map="cpu0=0,cpu1=0,cpu2=1",
+        return_params=True,
+    )
+    assert report.shared and report.world_size == 2
+    assert any("shared" in n for n in report.notes)
+    losses, params = reference(tiny, 2, 6, "sgd", 0.1)
+    check_same(report, losses, params)
+
+
+def test_2bw_follows_its_update_rule(tiny: Path) -> None:
+    plan = make_plan("0-2:cpu0;3-4:cpu1", "2bw", 4, 2)
+    report = run_plan(
+        plan, tiny, steps=3, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1, return_params=True
+    )
+    losses, params = reference(tiny, 3, 8, "sgd", 0.1, two_bw=True)
+    check_same(report, losses, params)
+    # ... and that rule is not plain synchronous SGD.
+    _, sync = reference(tiny, 3, 8, "sgd", 0.1)
+    assert any(not torch.allclose(sync[n], params[n]) for n in params)

@@ -1,0 +1,93 @@
+"""Runtime pieces that need no processes: placement, message order, calibration, 2bw."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.errors import InputError
+from planner.plan import Plan, parse_stages
+from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.runtime.calibrate import calibrated_profile
+from planner.runtime.comm import message_key, message_order
+from planner.runtime.optimizer import StreamedTwoBW
+from planner.runtime.placement import place
+from planner.schedule import ActionType, build_schedule
+
+
+def test_cpu_places_one_process_per_device_in_stage_order() -> None:
+    stages = parse_stages("0-1:b,a;2:c")
+    p = place(stages, "cpu")
+    assert p.devices == ["b", "a", "c"] and p.rank_of == {"b": 0, "a": 1, "c": 2}
+    assert p.backend == "gloo" and not p.shared
+
+
+def test_fewer_gpus_than_devices_share_in_contiguous_blocks() -> None:
+    stages = parse_stages("0:g0;1:g1;2:g2;3:g3")
+    one = place(stages, "cuda", gpus=1)
+    assert one.world_size == 1 and one.shared and set(one.rank_of.values()) == {0}
+    two = place(stages, "cuda", gpus=2)
+    assert two.rank_of == {"g0": 0, "g1": 0, "g2": 1, "g3": 1} and two.backend == "nccl"
+    enough = place(stages, "cuda", gpus=8)
+    assert enough.world_size == 4 and not enough.shared
+
+
+def test_device_map_is_checked() -> None:
+    stages = parse_stages("0:a;1:b")
+    assert place(stages, "cpu", device_map="a=0,b=0").shared
+    for bad, words in [("a=0", "no rank given for b"), ("a=0,b=2", "0..n-1"), ("a=0,b=0,z=1", "z")]:
+        with pytest.raises(InputError, match=words):
+            place(stages, "cpu", device_map=bad)
+    with pytest.raises(InputError, match="no CUDA device"):
+        place(stages, "cuda", gpus=0)
+
+
+def test_message_order_lists_every_cross_process_message_once() -> None:
+    stages = parse_stages("0:a;1:b;2:a;3:b")
+    sched = build_schedule("interleaved", stages, 4)
+    order = message_order(sched.devices, stages, {"a": 0, "b": 1})
+    sends = [
+        message_key(x)
+        for acts in sched.devices.values()
+        for x in acts
+        if x.kind in (ActionType.SEND_ACT, ActionType.SEND_GRAD)
+    ]
+    listed = order[(0, 1)] + order[(1, 0)]
+    assert sorted(listed) == sorted(sends) and len(set(listed)) == len(listed)
+    # Each sender's messages keep its own action order (one device per process).
+    a_sends = [message_key(x) for x in sched.devices["a"] if x.kind.value.startswith("SEND")]
+    assert order[(0, 1)] == a_sends
+    # Two devices in one process exchange nothing over the network.
+    assert message_order(sched.devices, stages, {"a": 0, "b": 0}) == {}
+
+
+def _profile() -> Profile:
+    timing = [LayerTiming(1.0, 2.0, 1.2, 0.8, 10, 10) for _ in range(4)]
+    layers = [Layer(f"l{i}", 1, 4, 8) for i in range(4)]
+    return Profile("toy", layers, [Measurement(2, 10, timing)])
+
+
+def test_calibration_scales_each_stage_to_what_was_measured() -> None:
+    stages = parse_stages("0-1:a;2-3:b", recompute=[1])
+    plan = Plan({"path": "x"}, {"path": "y"}, 2, 4, stages, {"name": "1f1b"})
+    # stage 0 profiles F=2, B=4; stage 1 (recompute) F=2, B=4+2
+    out = calibrated_profile(
+        _profile(), plan, {"F0": 3.0, "B0": 8.0, "F1": 2.0, "I1": 3.0, "W1": 3.0, "STEP0": 5.0}
+    )
+    t = out.measurements[0].layers
+    assert t[0].forward_ms == pytest.approx(1.5) and t[0].backward_ms == pytest.approx(4.0)
+    assert t[2].forward_ms == pytest.approx(1.0) and t[2].backward_ms == pytest.approx(2.0)
+    assert out.meta["calibrated"]["step_ms"] == 5.0
+    assert _profile().measurements[0].layers[0].forward_ms == 1.0  # the input is untouched
+
+
+def test_streamed_2bw_versions() -> None:
+    w = torch.nn.Parameter(torch.tensor([1.0]))
+    opt = StreamedTwoBW([w], "sgd", lr=0.5)
+    v0, v1 = opt.weights(0), opt.weights(1)
+    assert v0[0] is not v1[0] and v0[0].item() == v1[0].item() == 1.0
+    with pytest.raises(RuntimeError, match="not ready"):
+        opt.weights(2)
+    v0[0].grad = torch.tensor([2.0])  # gradient of iteration 0, computed with W(0)
+    opt.step(0)  # W(1) = W(0) - 0.5 * 2 = 0
+    assert opt.weights(2)[0].item() == 0.0 and opt.weights(1)[0].item() == 1.0
