@@ -6,8 +6,10 @@ Cases:
   one 64-stage forward DP) for 200 layers on 64 identical GPUs on one switch.
 - ``solve 200x64 small`` / ``large``: the whole search (DP candidates over every number of
   stages and replication degree, simulator, local search, schedules) on the same machine,
-  for a model that fits on one GPU and one that needs at least ~8 pipeline stages. Baselines
-  are timed separately (``baselines``): PipeDream's reproduced DP is O(L^2 D^2) Python.
+  for a model that fits on one GPU and one that needs at least ~8 pipeline stages, without
+  the baselines; ``solve+bl`` is the same with the baselines (what ``pipeplan solve`` does by
+  default: their partitions, PipeDream's DP included, and one simulation each), and
+  ``baselines`` their partitions alone.
 - ``ilp 48x16``: the integer program alone on PipeDream's GNMT profile (48 layers) and a
   16-device heterogeneous topology (8 A100 on NVSwitch, 4 V100 and 4 T4 on PCIe, 25 GB/s
   Ethernet between the hosts), 16 and 8 stages, CBC with the default 60 s time limit,
@@ -95,9 +97,11 @@ def time_dp(profile: Profile, topo: Topology, m: int) -> dict[str, Any]:
     }
 
 
-def time_solve(profile: Profile, topo: Topology, batch: int) -> dict[str, Any]:
+def time_solve(
+    profile: Profile, topo: Topology, batch: int, *, baselines: bool = False
+) -> dict[str, Any]:
     start = time.perf_counter()
-    plan = solve(profile, topo, global_batch=batch, options=SolveOptions(baselines=False))
+    plan = solve(profile, topo, global_batch=batch, options=SolveOptions(baselines=baselines))
     seconds = time.perf_counter() - start
     return {
         "seconds": round(seconds, 3),
@@ -108,6 +112,7 @@ def time_solve(profile: Profile, topo: Topology, batch: int) -> dict[str, Any]:
         "lower_bound_ms": round(plan.predicted["lower_bound_ms"], 3),
         "simulations": plan.solver["simulations"],
         "method": plan.solver["method"],
+        "baselines": {b["name"]: b["feasible"] for b in plan.baselines},
     }
 
 
@@ -151,10 +156,13 @@ def main() -> None:
     rows["dp 200x64"] = time_dp(large, topo64, 128)
     rows["solve 200x64 small"] = time_solve(small, topo64, 128)
     rows["solve 200x64 large"] = time_solve(large, topo64, 128)
+    # What `pipeplan solve` does by default: the search plus the four baselines, simulated.
+    rows["solve+bl 200x64 small"] = time_solve(small, topo64, 128, baselines=True)
+    rows["solve+bl 200x64 large"] = time_solve(large, topo64, 128, baselines=True)
     if not quick:
         start = time.perf_counter()
         baseline_partitions(large, topo64, 1)
-        rows["baselines 200x64"] = {"seconds": round(time.perf_counter() - start, 2)}
+        rows["baselines 200x64"] = {"seconds": round(time.perf_counter() - start, 3)}
         gnmt = load_profile(ROOT / "profiles" / "pipedream-gnmt.json")
         topo16 = hetero16()
         rows["ilp 48x16 S=16"] = time_ilp(gnmt, topo16, 16, 32)

@@ -34,6 +34,7 @@ __all__ = [
     "stage_memory_bytes",
     "stage_param_bytes",
     "stage_static_bytes",
+    "stage_step_ms",
     "stage_times",
     "synthetic_profile",
 ]
@@ -126,6 +127,22 @@ def stage_compute_ms(
     """
     t = stage_times(profile, first, last, microbatch_size, speed=speed, recompute=recompute)
     return t.forward_ms, t.backward_ms
+
+
+def stage_step_ms(profile: Profile, first: int, last: int, *, speed: float = 1.0) -> float:
+    """One optimizer step over the weights of layers ``first..last`` on a device of ``speed``.
+
+    The sum of the layers' profiled ``optimizer_ms`` (0 for profiles that did not measure
+    it, e.g. imported ones); it does not depend on the microbatch size.
+
+    Example::
+
+        stage_step_ms(profile, 0, 3, speed=2.0)
+    """
+    _check_range(profile, first, last)
+    if speed <= 0:
+        raise InputError(f"expected a positive device speed, got {speed}", field="speed")
+    return sum(layer.optimizer_ms for layer in profile.layers[first : last + 1]) / speed
 
 
 def stage_param_bytes(profile: Profile, first: int, last: int) -> int:
@@ -257,6 +274,7 @@ def synthetic_profile(
     saved_bytes: int = 10,
     input_bytes: int = 100,
     microbatch_size: int = 1,
+    optimizer_ms: float = 0.0,
 ) -> Profile:
     """A profile of identical layers with exact numbers, for tests and benchmarks.
 
@@ -265,7 +283,7 @@ def synthetic_profile(
         profile = synthetic_profile(8, forward_ms=1.0)   # backward 2.0 = 1.0 + 1.0
     """
     layers = [
-        Layer(f"layer{i}", param_bytes // 4, param_bytes, optimizer_state_bytes)
+        Layer(f"layer{i}", param_bytes // 4, param_bytes, optimizer_state_bytes, optimizer_ms)
         for i in range(num_layers)
     ]
     timings = [

@@ -14,8 +14,9 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
   every speed and bandwidth (see :func:`_link_plan`);
 * ``ALLREDUCE s`` waits for every replica of stage ``s`` and then takes the topology's
   ring all-reduce time of the stage's gradients (links are not shared with pipeline
-  transfers in this model); ``STEP s`` takes ``step_ms`` (the profile does not measure
-  the optimizer, so the default is 0).
+  transfers in this model); ``STEP s`` takes the stage's optimizer step: the profiled
+  ``optimizer_ms`` of its layers divided by the device's speed (0 for profiles without
+  it), unless an explicit ``step_ms`` replaces it.
 
 Memory per device over time = weights + gradients + optimizer state of its stages (plus a
 second weight version under 2bw) + the activations of the microbatches in flight, which
@@ -39,6 +40,7 @@ from planner.cost import (
     stage_activation_bytes,
     stage_param_bytes,
     stage_static_bytes,
+    stage_step_ms,
     stage_times,
 )
 from planner.errors import InputError
@@ -78,6 +80,10 @@ _NAMES = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALLREDUCE
 # pipeline fills and drains once per stream. (Differences of two stream lengths estimate
 # the steady state more closely but are not monotone in the durations.)
 STREAM_ITERATIONS = 4
+# Start a transfer as soon as its send has run and its links' queues reach it (False: in a
+# pass after every device has run as far as it can, as the first versions did; the
+# results are the same, which a test checks with this switch).
+_START_AT_SEND = True
 
 
 class SimEvent(NamedTuple):
@@ -131,6 +137,8 @@ class SimResult:
     device_names: list[str] = field(default_factory=list)
     # Iterations the events cover (a no-flush schedule is timed as a stream).
     iterations: int = 1
+    # Optimizer step per stage (its slowest device's), as the iteration includes it.
+    step_ms: list[float] = field(default_factory=list)
 
     @property
     def transfers(self) -> list[TransferEvent]:
@@ -202,6 +210,8 @@ class SimResult:
         }
         if self.staleness is not None:
             out["staleness"] = list(self.staleness)
+        if any(self.step_ms):  # absent: the prediction leaves the optimizer step out
+            out["step_ms"] = [round(x, 6) for x in self.step_ms]
         return out
 
 
@@ -228,10 +238,11 @@ def simulate(
     """Simulate one iteration of ``stages`` under ``schedule``.
 
     ``topology=None`` means free communication (devices need only distinct names).
-    Options: ``virtual_stages`` (interleaved), ``step_ms`` (optimizer step per stage,
-    default 0), ``events=False`` (skip the event list, for solver loops), ``validate``
-    (check a given Schedule, default True), ``memory_limits`` and ``iterations``
-    (passed on to the optimised schedule's search).
+    Options: ``virtual_stages`` (interleaved), ``step_ms`` (optimizer step per stage, a
+    number or one per stage; default None: the profile's ``optimizer_ms`` of the stage's
+    layers over the device's speed), ``events=False`` (skip the event list, for solver
+    loops), ``validate`` (check a given Schedule, default True), ``memory_limits`` and
+    ``iterations`` (passed on to the optimised schedule's search).
 
     Example::
 
@@ -246,14 +257,14 @@ def simulate(
     )
     validate_stages(stages, profile.num_layers, topology, allow_shared_devices=shared)
     if isinstance(schedule, str):
-        extra = {}
+        extra: dict[str, Any] = {}
         if schedule == "optimized":
             extra = {
                 "profile": profile,
                 "topology": topology,
                 "microbatch_size": mbs,
                 "memory_limits": opts.get("memory_limits"),
-                "step_ms": opts.get("step_ms", 0.0),
+                "step_ms": opts.get("step_ms"),
             }
         sched = build_schedule(schedule, stages, num_microbatches, virtual_stages=virtual, **extra)
     else:
@@ -272,7 +283,7 @@ def simulate(
         stages,
         timed,
         mbs,
-        step_ms=opts.get("step_ms", 0.0),
+        step_ms=opts.get("step_ms"),
         events=opts.get("events", True),
     )
     if stream:
@@ -289,6 +300,7 @@ def simulate(
         mbs,
         flush=sched.flush,
         split_backward=_uses_split(sched),
+        step_ms=opts.get("step_ms"),
     )
     if not sched.flush:
         result.staleness = [1] * len(stages)
@@ -331,6 +343,35 @@ def _stage_tables(
     return times, cut
 
 
+def _step_table(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    step_ms: float | Sequence[float] | None,
+) -> dict[tuple[int, str], float]:
+    """The STEP duration of each stage on each of its devices.
+
+    ``None``: the profile's optimizer step of the stage's layers at the device's speed; a
+    number (or one per stage) given explicitly is taken as it is, on every device.
+    """
+    if step_ms is None:
+        return {
+            (st.id, d): stage_step_ms(profile, st.first, st.last, speed=_speed(topology, d))
+            for st in stages
+            for d in st.devices
+        }
+    if isinstance(step_ms, int | float):
+        given = [float(step_ms)] * len(stages)
+    else:
+        given = [float(x) for x in step_ms]
+        if len(given) != len(stages):
+            raise InputError(
+                f"expected one step time per stage ({len(stages)}), got {len(given)}",
+                field="step_ms",
+            )
+    return {(st.id, d): given[st.id] for st in stages for d in st.devices}
+
+
 def simulate_schedule(
     profile: Profile,
     topology: Topology | None,
@@ -338,7 +379,7 @@ def simulate_schedule(
     schedule: Schedule,
     microbatch_size: int,
     *,
-    step_ms: float | Sequence[float] = 0.0,
+    step_ms: float | Sequence[float] | None = None,
     events: bool = True,
 ) -> SimResult:
     """Time an explicit schedule (no validation, no lower bound); the core event loop.
@@ -353,11 +394,7 @@ def simulate_schedule(
     devices = _devices_of(schedule, stages)
     num_dev = len(devices)
     total_mb = schedule.num_microbatches * schedule.iterations
-    steps = (
-        [float(step_ms)] * len(stages)
-        if isinstance(step_ms, int | float)
-        else [float(x) for x in step_ms]
-    )
+    steps = _step_table(profile, topology, stages, step_ms)
     weight_versions = 1 if schedule.flush else 2
 
     # Memory bookkeeping per stage: stashed per microbatch, and the rebuilt activations
@@ -398,25 +435,49 @@ def simulate_schedule(
         )
         for i in range(len(stages))
     ]
-    programs = _compile(schedule, stages, devices, times, allreduce_ms, steps, total_mb, deltas)
+    programs = _compiled(schedule, stages, devices, total_mb)
+    # Per device, the duration of each slot (stage * _SLOTS + code); per slot the memory
+    # taken at its start and given back at its end.
+    durations: list[list[float]] = []
+    for d in devices:
+        table = [0.0] * (_SLOTS * len(stages))
+        for si in range(len(stages)):
+            if (si, d) in times:
+                table[si * _SLOTS : si * _SLOTS + 4] = times[(si, d)]
+                table[si * _SLOTS + 8] = allreduce_ms[si]
+                table[si * _SLOTS + 9] = steps[(si, d)]
+        durations.append(table)
+    grows = [0] * (_SLOTS * len(stages))
+    shrinks = [0] * (_SLOTS * len(stages))
+    for si in range(len(stages)):
+        for code in range(4):
+            grows[si * _SLOTS + code], shrinks[si * _SLOTS + code] = deltas[si][code]
 
+    # Transfers are named by small integer keys (see _compile): flat lists indexed by key
+    # hold their state, with -1 for "not yet".
+    num_keys = 2 * len(stages) * total_mb
     # Links: each directed link serves its transfers one at a time in a fixed order (see
-    # _link_order), so that times are monotone in every duration.
-    xfer: dict[int, tuple[list[int], float, float, int, int]] = {}
+    # _link_plan), so that times are monotone in every duration.
+    route_of: list[Any] = []
     queues: list[list[int]] = []
     head: list[int] = []
+    head_key: list[int] = []  # the transfer each link serves next
     link_free: list[float] = []
     if topology is not None:
-        xfer, queues = _link_plan(topology, programs, devices, stages)
+        route_of, queues = _link_plan(
+            topology, programs, durations, devices, stages, num_keys, cut, total_mb
+        )
         head = [0] * len(queues)
+        head_key = [q[0] for q in queues]
         link_free = [0.0] * len(queues)
 
     clock = [0.0] * num_dev
     pos = [0] * num_dev
     busy = [0.0] * num_dev
-    arrival: dict[int, float] = {}
-    waiting: dict[int, int] = {}
-    ready_at: dict[int, float] = {}
+    arrival = [-1.0] * num_keys  # when the data is at its receiver
+    waiting = [-1] * num_keys  # the device blocked on receiving it
+    # When its send ran; one more entry, never ready, for the key ending each link queue.
+    ready_at = [-1.0] * (num_keys + 1) if topology is not None else []
     pending: list[int] = []
     ar_seen = [dict[int, int]() for _ in range(num_dev)]
     ar_groups: dict[tuple[int, int], list[Any]] = {}
@@ -428,29 +489,73 @@ def simulate_schedule(
     raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
     free_comm = topology is None
     record = events
+    at_send = _START_AT_SEND
     runnable = list(range(num_dev - 1, -1, -1))
+
+    def launch(stack: list[int]) -> None:
+        """Start every transfer in ``stack`` that is next in line on all links of its route,
+        and then the ones behind it that became next in line and whose data is ready.
+
+        A transfer's start is its ready time or, if later, the end of the transfer before it
+        on each of its links: it does not depend on when this runs, so a transfer is
+        started as soon as its send has run and its links' queues reach it.
+        """
+        while stack:
+            key = stack.pop()
+            if arrival[key] >= 0.0:
+                continue  # queued twice (by its send and by the link ahead), started once
+            links, lat, wire_ms, src, dst = route_of[key]
+            start = ready_at[key]
+            for link in links:
+                if head_key[link] != key:
+                    break  # it starts when the transfers ahead of it on this link are done
+                if link_free[link] > start:
+                    start = link_free[link]
+            else:
+                end = start + lat + wire_ms
+                for link in links:
+                    link_free[link] = end
+                    h = head[link] + 1
+                    head[link] = h
+                    after = queues[link][h]  # the sentinel when the queue is done
+                    head_key[link] = after
+                    if ready_at[after] >= 0.0:
+                        stack.append(after)
+                arrival[key] = end
+                if record:
+                    into, backward = divmod(key, 2)
+                    nbytes = cut[into // total_mb + backward]
+                    raw_transfers.append((src, dst, backward, into, start, end, nbytes))
+                w = waiting[key]
+                if w >= 0:
+                    waiting[key] = -1
+                    runnable.append(w)
 
     while True:
         while runnable:
             di = runnable.pop()
             prog = programs[di]
+            dtab = durations[di]
             n = len(prog)
             p = pos[di]
             t = clock[di]
             dmem = mem[di]
             level = levels[di]
             peak = peaks_now[di]
-            worked = 0.0
+            # Summed action by action in program order, whatever the device waited for.
+            worked = busy[di]
             while p < n:
-                code, s, k, dur, rkey, skey, sdst, grow, shrink = prog[p]
+                code, s, k, slot, rkey, skey, sdst = prog[p]
                 if rkey >= 0:
-                    at = arrival.get(rkey)
-                    if at is None:
+                    at = arrival[rkey]
+                    if at < 0.0:
                         waiting[rkey] = di
                         break
                     if at > t:
                         t = at
                 if code <= 3:
+                    dur = dtab[slot]
+                    grow = grows[slot]
                     if grow:
                         level += grow
                         if level > peak:
@@ -458,6 +563,7 @@ def simulate_schedule(
                         if record:
                             dmem.append((t, level))
                     end = t + dur
+                    shrink = shrinks[slot]
                     if shrink:
                         level += shrink
                         if record:
@@ -477,7 +583,7 @@ def simulate_schedule(
                             group[2].append(di)
                         break
                     ar_seen[di][s] = occ + 1
-                    end = group[1] + dur
+                    end = group[1] + dtab[slot]
                     for w in group[2]:
                         if w != di:
                             ar_seen[w][s] = occ + 1
@@ -490,57 +596,67 @@ def simulate_schedule(
                         raw_events.append((di, 8, s, -1, group[1], end))
                     t = end
                 elif code == 9:
+                    dur = dtab[slot]
                     if record and dur > 0:
                         raw_events.append((di, 9, s, -1, t, t + dur))
+                    worked += dur  # the optimizer step is work, not a bubble
                     t += dur
                 if skey >= 0:
                     if free_comm:
                         arrival[skey] = t
-                        w = waiting.pop(skey, -1)
+                        w = waiting[skey]
                         if w >= 0:
+                            waiting[skey] = -1
                             runnable.append(w)
                     else:
                         ready_at[skey] = t
-                        pending.append(skey)
+                        if not at_send:
+                            pending.append(skey)
+                            p += 1
+                            continue
+                        # launch([skey]) unrolled for the usual case, where the transfer
+                        # is next in line on its links and nothing behind it is ready.
+                        links, lat, wire_ms, src, dst = route_of[skey]
+                        start = t
+                        for link in links:
+                            if head_key[link] != skey:
+                                break
+                            if link_free[link] > start:
+                                start = link_free[link]
+                        else:
+                            end = start + lat + wire_ms
+                            stack = None
+                            for link in links:
+                                link_free[link] = end
+                                h = head[link] + 1
+                                head[link] = h
+                                after = queues[link][h]
+                                head_key[link] = after
+                                if ready_at[after] >= 0.0:
+                                    if stack is None:
+                                        stack = [after]
+                                    else:
+                                        stack.append(after)
+                            arrival[skey] = end
+                            if record:
+                                into, back = divmod(skey, 2)
+                                nbytes = cut[into // total_mb + back]
+                                raw_transfers.append((src, dst, back, into, start, end, nbytes))
+                            w = waiting[skey]
+                            if w >= 0:
+                                waiting[skey] = -1
+                                runnable.append(w)
+                            if stack is not None:
+                                launch(stack)
                 p += 1
             pos[di] = p
             clock[di] = t
             levels[di] = level
             peaks_now[di] = peak
-            busy[di] += worked
+            busy[di] = worked
         if not pending:
             break
-        # Start every transfer that is ready and next in line on all links of its route.
-        while pending:
-            key = pending.pop()
-            if key in arrival:
-                continue  # queued twice (by its send and by the link ahead), started once
-            links, lat, bw, src, dst = xfer[key]
-            start = ready_at[key]
-            for link in links:
-                if queues[link][head[link]] != key:
-                    break  # it starts when the transfers ahead of it on this link are done
-                if link_free[link] > start:
-                    start = link_free[link]
-            else:
-                link = -1
-            if link >= 0:
-                continue
-            into, backward = divmod(key, 2)
-            nbytes = cut[into // total_mb + backward]
-            end = start + lat + (nbytes / bw * 1e3 if nbytes else 0.0)
-            for link in links:
-                link_free[link] = end
-                head[link] += 1
-                queue = queues[link]
-                if head[link] < len(queue) and queue[head[link]] in ready_at:
-                    pending.append(queue[head[link]])
-            arrival[key] = end
-            if record:
-                raw_transfers.append((src, dst, backward, into, start, end, nbytes))
-            w = waiting.pop(key, -1)
-            if w >= 0:
-                runnable.append(w)
+        launch(pending)
 
     stuck = [
         f"{devices[di]} waits at {_describe(programs[di][pos[di]], devices, total_mb)}"
@@ -577,79 +693,84 @@ def simulate_schedule(
         microbatch_size=microbatch_size,
         num_microbatches=schedule.num_microbatches,
         iterations=schedule.iterations,
+        step_ms=[max(steps[(st.id, d)] for d in st.devices) for st in stages],
     )
 
 
 def _link_plan(
     topology: Topology,
     programs: list[Program],
+    durations: list[list[float]],
     devices: list[str],
     stages: Sequence[StageSpec],
-) -> tuple[dict[int, tuple[list[int], float, float, int, int]], list[list[int]]]:
-    """Each transfer's route, and per directed link the order it serves transfers in.
+    num_keys: int,
+    cut: list[int],
+    total_mb: int,
+) -> tuple[list[Any], list[list[int]]]:
+    """Each transfer's route (by key), and per directed link the order it serves transfers in.
 
     The order is the order in which the data becomes ready in a reference run of the same
-    programs with the profile's times on speed-1 devices and free communication. It does
-    not depend on device speeds or link bandwidths, which keeps the simulated times
-    monotone in them (first-come-first-served by actual time is not: a slower device can
-    reorder a queue and finish earlier), and it cannot deadlock: the reference run is a
-    valid execution in which every transfer is ready after everything it depends on.
+    programs with the profile's times on speed-1 devices and free communication (ties: the
+    order the sends ran). It does not depend on device speeds or link bandwidths, which
+    keeps the simulated times monotone in them (first-come-first-served by actual time is
+    not: a slower device can reorder a queue and finish earlier), and it cannot deadlock:
+    the reference run is a valid execution in which every transfer is ready after
+    everything it depends on. A transfer's route is ``(links, latency_ms, wire_ms, src,
+    dst)`` (``wire_ms``: its bytes over the bottleneck bandwidth); each queue ends with the
+    key ``num_keys``.
     """
     speed = [topology.device(d).speed for d in devices]
-    sends = _reference_sends(programs, speed, stages)
-    link_ids: dict[tuple[str, str], int] = {}
-    routes: dict[int, tuple[list[int], float, float]] = {}
-    queues: list[list[int]] = []
-    xfer: dict[int, tuple[list[int], float, float, int, int]] = {}
     n = len(devices)
-    for key, src, dst in sends:
-        found = routes.get(src * n + dst)
-        if found is None:
-            a, b = devices[src], devices[dst]
-            ids = []
-            for hop in topology.route_links(a, b):
-                if hop not in link_ids:
-                    link_ids[hop] = len(queues)
-                    queues.append([])
-                ids.append(link_ids[hop])
-            found = (ids, topology.latency_ms(a, b), topology.bandwidth(a, b))
-            routes[src * n + dst] = found
-        xfer[key] = (found[0], found[1], found[2], src, dst)
-        for link in found[0]:
-            queues[link].append(key)
-    return xfer, queues
+    cuts = len(cut) + 1
+    link_ids: dict[tuple[str, str], int] = {}
+    queues: list[list[int]] = []
+    route_of: list[Any] = [None] * num_keys
+    # Per (device pair, cut): the route, and the appends to its links' queues.
+    ways: dict[int, tuple[Any, list[Any]]] = {}
 
+    def way_of(way: int) -> tuple[Any, list[Any]]:
+        pair, c = divmod(way, cuts)
+        src, dst = divmod(pair, n)
+        a, b = devices[src], devices[dst]
+        ids = []
+        for hop in topology.route_links(a, b):
+            if hop not in link_ids:
+                link_ids[hop] = len(queues)
+                queues.append([])
+            ids.append(link_ids[hop])
+        nbytes = cut[c]
+        wire_ms = nbytes / topology.bandwidth(a, b) * 1e3 if nbytes else 0.0
+        found = ways[way] = (
+            (ids, topology.latency_ms(a, b), wire_ms, src, dst),
+            [queues[link].append for link in ids],
+        )
+        return found
 
-def _reference_sends(
-    programs: list[Program], speed: list[float], stages: Sequence[StageSpec]
-) -> list[tuple[int, int, int]]:
-    """``(key, src, dst)`` of every transfer in the order its data is ready in a
-    free-communication run (ties: the order the sends ran)."""
-    num_dev = len(programs)
-    clock = [0.0] * num_dev
-    pos = [0] * num_dev
-    arrival: dict[int, float] = {}
-    waiting: dict[int, int] = {}
-    sends: list[tuple[int, int, int]] = []
-    ready: list[float] = []
-    seen = [dict[int, int]() for _ in range(num_dev)]
+    # The reference run: each send joins its links' queues in the order the sends run.
+    clock = [0.0] * n
+    pos = [0] * n
+    arrival = [-1.0] * num_keys
+    waiting = [-1] * num_keys
+    seen = [dict[int, int]() for _ in range(n)]
     groups: dict[tuple[int, int], list[Any]] = {}
-    runnable = list(range(num_dev - 1, -1, -1))
+    runnable = list(range(n - 1, -1, -1))
     while runnable:
         di = runnable.pop()
         prog, p, t, sp = programs[di], pos[di], clock[di], speed[di]
-        n = len(prog)
-        while p < n:
-            code, s, _, dur, rkey, skey, dst, _, _ = prog[p]
+        dtab = durations[di]
+        size = len(prog)
+        src = di * n
+        while p < size:
+            code, s, _, slot, rkey, skey, dst = prog[p]
             if rkey >= 0:
-                at = arrival.get(rkey)
-                if at is None:
+                at = arrival[rkey]
+                if at < 0.0:
                     waiting[rkey] = di
                     break
                 if at > t:
                     t = at
             if code <= 3:
-                t += dur * sp
+                t += dtab[slot] * sp
             elif code == 8:
                 occ = seen[di].get(s, 0)
                 group = groups.setdefault((s, occ), [0, 0.0, []])
@@ -669,15 +790,24 @@ def _reference_sends(
                         runnable.append(w)
             if skey >= 0:
                 arrival[skey] = t
-                ready.append(t)
-                sends.append((skey, di, dst))
-                w = waiting.pop(skey, -1)
+                # The cut it crosses: its receiving stage's input, or its gradient.
+                way = (src + dst) * cuts + (skey >> 1) // total_mb + (skey & 1)
+                found = ways.get(way) or way_of(way)
+                route_of[skey] = found[0]
+                for append in found[1]:
+                    append(skey)
+                w = waiting[skey]
                 if w >= 0:
+                    waiting[skey] = -1
                     runnable.append(w)
             p += 1
         pos[di], clock[di] = p, t
-    # A stable sort by time keeps the run's order among equal times.
-    return [sends[i] for i in sorted(range(len(sends)), key=ready.__getitem__)]
+    # Stable sorts by ready time keep the run's order among equal times. Each device's
+    # sends are in time order already, so a queue is a merge of sorted runs: cheap.
+    for queue in queues:
+        queue.sort(key=arrival.__getitem__)
+        queue.append(num_keys)
+    return route_of, queues
 
 
 def _devices_of(schedule: Schedule, stages: Sequence[StageSpec]) -> list[str]:
@@ -687,10 +817,10 @@ def _devices_of(schedule: Schedule, stages: Sequence[StageSpec]) -> list[str]:
 
 
 def _describe(
-    entry: tuple[int, int, int, float, int, int, int, int, int], devices: list[str], total_mb: int
+    entry: tuple[int, int, int, int, int, int, int], devices: list[str], total_mb: int
 ) -> str:
     """An action's text form from its compiled entry (for deadlock messages)."""
-    code, s, k, _, rkey, _, _, _, _ = entry
+    code, s, k, _, rkey, _, _ = entry
     if rkey >= 0:
         into, backward = divmod(rkey, 2)
         return f"{'RECV_B' if backward else 'RECV_F'}{into // total_mb}.{into % total_mb}"
@@ -699,23 +829,50 @@ def _describe(
     return f"{_NAMES[code]}{s}.{k}"
 
 
-Program = list[tuple[int, int, int, float, int, int, int, int, int]]
+Program = list[tuple[int, int, int, int, int, int, int]]
+# Slots per stage in the duration tables: codes 0-3 (F, B, I, W), 8 (ALLREDUCE), 9 (STEP).
+_SLOTS = 10
+# Compiled generated orders, most recent last: the solver simulates many partitions of one
+# shape, whose programs differ only in their durations (which live in separate tables).
+_COMPILED: list[tuple[tuple[Any, ...], Any, list[Program]]] = []
+_COMPILED_KEEP = 2
+
+
+def _compiled(
+    schedule: Schedule, stages: Sequence[StageSpec], devices: list[str], total_mb: int
+) -> list[Program]:
+    """:func:`_compile`, cached for generated orders by their shape."""
+    if schedule.order is None or schedule._devices is not None:
+        return _compile(schedule, stages, devices, total_mb)
+    key = (
+        id(schedule.order),
+        schedule.num_microbatches,
+        total_mb,
+        tuple(devices),
+        tuple(tuple(st.devices) for st in stages),
+    )
+    for i, (k, order, programs) in enumerate(_COMPILED):
+        # The entry holds its order, so the id cannot be reused while it is cached.
+        if k == key and order is schedule.order:
+            _COMPILED.append(_COMPILED.pop(i))
+            return programs
+    programs = _compile(schedule, stages, devices, total_mb)
+    _COMPILED.append((key, schedule.order, programs))
+    del _COMPILED[:-_COMPILED_KEEP]
+    return programs
 
 
 def _compile(
     schedule: Schedule,
     stages: Sequence[StageSpec],
     devices: list[str],
-    times: dict[tuple[int, str], tuple[float, float, float, float]],
-    allreduce_ms: list[float],
-    steps: list[float],
     total_mb: int,
-    deltas: Sequence[Sequence[tuple[int, int]]],
 ) -> list[Program]:
-    """Flat per-device programs of
-    ``(code, stage, mb, duration, recv_key, send_key, dst, memory_grow, memory_shrink)``.
+    """Flat per-device programs of ``(code, stage, mb, slot, recv_key, send_key, dst)``.
 
-    Keys name a transfer: ``(stage * total_mb + mb) * 2`` for the activations entering
+    ``slot`` (``stage * _SLOTS + code``) indexes the device's duration table and the
+    memory deltas, so that programs depend only on the schedule's shape. Keys name a
+    transfer: ``(stage * total_mb + mb) * 2`` for the activations entering
     ``stage``, ``+ 1`` for the gradient entering it from the next stage. Generated
     schedules compile straight from their compute order (each receive fused into its
     consumer, each send into its producer): the same semantics as the expanded lists,
@@ -746,7 +903,7 @@ def _compile(
             closers = {i: key[0] for key, i in closing.items()}
             prog: Program = []
             append = prog.append
-            tab = {s: times[(s, d)] for s in range(len(stages)) if (s, d) in times}
+            tab = [s for s in range(len(stages)) if d in stages[s].devices]
             # Per stage: do its neighbours sit elsewhere for every microbatch (True),
             # never (False), or does it depend on the replica (None)?
             fixed_prev: dict[int, bool | None] = {}
@@ -782,13 +939,12 @@ def _compile(
                         rkey = (s * t2 + k) * 2 + 1
                     if prev_away:
                         skey, dst = ((s - 1) * t2 + k) * 2 + 1, index[where(s - 1, k)]
-                grow, shrink = deltas[s][code]
-                append((code, s, k, tab[s][code], rkey, skey, dst, grow, shrink))
+                append((code, s, k, s * _SLOTS + code, rkey, skey, dst))
                 if i in closers:
                     c = closers[i]
                     if len(stages[c].devices) > 1:
-                        append((8, c, -1, allreduce_ms[c], -1, -1, -1, 0, 0))
-                    append((9, c, -1, steps[c], -1, -1, -1, 0, 0))
+                        append((8, c, -1, c * _SLOTS + 8, -1, -1, -1))
+                    append((9, c, -1, c * _SLOTS + 9, -1, -1, -1))
             programs.append(prog)
         return programs
     for d in devices:
@@ -797,22 +953,21 @@ def _compile(
             code = _CODE[a.kind]
             s, k = a.stage, a.microbatch
             if code <= 3:
-                grow, shrink = deltas[s][code]
-                prog.append((code, s, k, times[(s, d)][code], -1, -1, -1, grow, shrink))
+                prog.append((code, s, k, s * _SLOTS + code, -1, -1, -1))
             elif code == 4:  # SEND_F: activations into stage s+1
                 peer = index[str(a.peer)]
-                prog.append((4, s, k, 0.0, -1, ((s + 1) * t2 + k) * 2, peer, 0, 0))
+                prog.append((4, s, k, 0, -1, ((s + 1) * t2 + k) * 2, peer))
             elif code == 5:
-                prog.append((5, s, k, 0.0, (s * t2 + k) * 2, -1, -1, 0, 0))
+                prog.append((5, s, k, 0, (s * t2 + k) * 2, -1, -1))
             elif code == 6:  # SEND_B: gradient into stage s-1
                 peer = index[str(a.peer)]
-                prog.append((4, s, k, 0.0, -1, ((s - 1) * t2 + k) * 2 + 1, peer, 0, 0))
+                prog.append((4, s, k, 0, -1, ((s - 1) * t2 + k) * 2 + 1, peer))
             elif code == 7:
-                prog.append((5, s, k, 0.0, (s * t2 + k) * 2 + 1, -1, -1, 0, 0))
+                prog.append((5, s, k, 0, (s * t2 + k) * 2 + 1, -1, -1))
             elif code == 8:
-                prog.append((8, s, -1, allreduce_ms[s], -1, -1, -1, 0, 0))
+                prog.append((8, s, -1, s * _SLOTS + 8, -1, -1, -1))
             else:
-                prog.append((9, s, -1, steps[s], -1, -1, -1, 0, 0))
+                prog.append((9, s, -1, s * _SLOTS + 9, -1, -1, -1))
         programs.append(prog)
     return programs
 
@@ -826,27 +981,32 @@ def lower_bound_ms(
     *,
     flush: bool = True,
     split_backward: bool = False,
+    step_ms: float | Sequence[float] | None = None,
 ) -> float:
     """``max(total work / devices, busiest device's work, one microbatch's critical path)``.
 
-    Work is forward + backward (with recompute) on the device that runs each microbatch;
-    the critical path is forward through every stage, backward back, with the transfers
-    between them (no contention). With ``split_backward`` (zb, optimized) only the input
-    half of each backward is on the path, plus the weight half of the stage it ends on.
-    Schedules without a flush (2bw) overlap iterations, so only the work terms bound them.
+    Work is forward + backward (with recompute) on the device that runs each microbatch,
+    plus one optimizer step per stage the device holds (every replica steps once per
+    iteration; ``step_ms`` as in :func:`simulate`, default the profile's); the critical
+    path is forward through every stage, backward back, with the transfers between them
+    (no contention; a hand-written order may put a STEP anywhere, so the path leaves it
+    out). With ``split_backward`` (zb, optimized) only the input half of each
+    backward is on the path, plus the weight half of the stage it ends on. Schedules
+    without a flush (2bw) overlap iterations, so only the work terms bound them.
 
     Example::
 
         lower_bound_ms(profile, topology, stages, 8, 4)
     """
     times, cut = _stage_tables(profile, topology, stages, microbatch_size)
+    steps = _step_table(profile, topology, stages, step_ms)
     work: dict[str, float] = {}
     for st in stages:
         r = len(st.devices)
         for j, dev in enumerate(st.devices):
             count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
             f, b, _, _ = times[(st.id, dev)]
-            work[dev] = work.get(dev, 0.0) + count * (f + b)
+            work[dev] = work.get(dev, 0.0) + count * (f + b) + steps[(st.id, dev)]
     bound = max(max(work.values()), sum(work.values()) / len(work))
     if not flush:
         return bound

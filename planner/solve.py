@@ -60,7 +60,14 @@ from planner.profile.schema import Profile
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["SCHEDULE_CHOICES", "SolveOptions", "baseline_partitions", "exhaustive_size", "solve"]
+__all__ = [
+    "SCHEDULE_CHOICES",
+    "SolveOptions",
+    "baseline_outcomes",
+    "baseline_partitions",
+    "exhaustive_size",
+    "solve",
+]
 
 SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "interleaved", "zb", "2bw")
 # Synchronous schedules "auto" tries, most conventional first (ties keep the earlier one).
@@ -573,38 +580,69 @@ def baseline_partitions(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int]]]:
     """``(name, ranges, replicas per stage)`` of every baseline, for ``min(layers, devices)``
-    stages (PipeDream chooses its own stages and replicas).
+    stages (PipeDream chooses its own stages and replicas). Baselines whose own algorithm
+    gives no partition here are left out; :func:`baseline_outcomes` says why.
 
     Example::
 
         for name, ranges, replicas in baseline_partitions(profile, topology, 4): ...
     """
+    return [
+        (name, ranges, replicas)
+        for name, ranges, replicas, _ in baseline_outcomes(profile, topology, microbatch_size)
+        if ranges
+    ]
+
+
+def baseline_outcomes(
+    profile: Profile, topology: Topology, microbatch_size: int
+) -> list[tuple[str, list[tuple[int, int]], list[int], str | None]]:
+    """Every baseline as ``(name, ranges, replicas, reason)``: ``ranges`` is empty and
+    ``reason`` says why where the baseline's algorithm itself fails (torchgpipe's block
+    partition on zero-time layers, PipeDream's memory constraint), else ``reason`` is None.
+
+    Example::
+
+        for name, ranges, replicas, reason in baseline_outcomes(profile, topology, 4): ...
+    """
     from planner.partition import baselines as bl
 
     n = profile.num_layers
     s = min(n, len(topology.devices))
-    out: list[tuple[str, list[tuple[int, int]], list[int]]] = [
-        ("uniform", list(bl.uniform_partition(n, s)), [1] * s),
-        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s),
-        ("time-balanced", list(bl.time_balanced_partition(profile, microbatch_size, s)), [1] * s),
+    out: list[tuple[str, list[tuple[int, int]], list[int], str | None]] = [
+        ("uniform", list(bl.uniform_partition(n, s)), [1] * s, None),
+        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s, None),
     ]
     try:
+        timed = list(bl.time_balanced_partition(profile, microbatch_size, s))
+        out.append(("time-balanced", timed, [1] * s, None))
+    except InputError as exc:
+        out.append(("time-balanced", [], [], str(exc)))
+    try:
         stages = bl.pipedream_partition(profile, microbatch_size, _pipedream_levels(topology))
-    except InputError:
-        stages = []
-    if stages:
-        out.append(("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages]))
+    except InputError as exc:
+        out.append(("pipedream", [], [], str(exc)))
+    else:
+        if stages:
+            out.append(
+                ("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None)
+            )
     return out
 
 
 def _baseline_candidates(
     search: _Search, schedule: str, mb: int, m: int
-) -> list[tuple[str, Candidate]]:
+) -> list[tuple[str, Candidate | str]]:
     """The baselines' partitions placed in device order (one device per stage, or
-    PipeDream's replicas on consecutive devices); recompute where memory needs it."""
+    PipeDream's replicas on consecutive devices); recompute where memory needs it. A
+    baseline whose algorithm fails comes back as the reason instead of a candidate."""
     names = search.topology.device_names()
-    out: list[tuple[str, Candidate]] = []
-    for label, ranges, replicas in baseline_partitions(search.profile, search.topology, mb):
+    out: list[tuple[str, Candidate | str]] = []
+    outcomes = baseline_outcomes(search.profile, search.topology, mb)
+    for label, ranges, replicas, reason in outcomes:
+        if reason is not None:
+            out.append((label, reason))
+            continue
         groups = []
         pos = 0
         for r in replicas:
@@ -894,6 +932,7 @@ def solve(
     names = topology.device_names()
     scored: list[Scored] = []
     baseline_rows: dict[str, Scored] = {}
+    baseline_failed: dict[str, str] = {}  # baselines whose own algorithm gives no partition
     homogeneous = identical_devices(topology) and uniform_network(topology)
 
     if opts.baselines:
@@ -901,6 +940,9 @@ def solve(
         for mb, m in settings:
             for sched in [base_sched]:
                 for label, cand in _baseline_candidates(search, sched, mb, m):
+                    if isinstance(cand, str):
+                        baseline_failed.setdefault(label, cand)
+                        continue
                     got = search.evaluate(cand, f"baseline {label}")
                     scored.append(got)
                     prev = baseline_rows.get(label)
@@ -960,7 +1002,13 @@ def solve(
         )
     best = min(final, key=Scored.key)
     return _to_plan(
-        search, best, baseline_rows, profile_path, topology_path, time.perf_counter() - clock
+        search,
+        best,
+        baseline_rows,
+        profile_path,
+        topology_path,
+        time.perf_counter() - clock,
+        failed=baseline_failed,
     )
 
 
@@ -1032,6 +1080,8 @@ def _to_plan(
     profile_path: str | None,
     topology_path: str | None,
     seconds: float,
+    *,
+    failed: dict[str, str] | None = None,
 ) -> Plan:
     c = best.cand
     topo = search.topology
@@ -1057,8 +1107,16 @@ def _to_plan(
         "memory_bytes": dict(sorted(best.memory.items())),
         "memory_limit_bytes": {d: topo.device(d).memory_bytes for d in sorted(best.memory)},
     }
-    rows = []
-    for label in sorted(baselines):
+    rows: list[dict[str, Any]] = []
+    failed = {k: v for k, v in (failed or {}).items() if k not in baselines}
+    for label in sorted([*baselines, *failed]):
+        if label in failed:
+            # The baseline's own algorithm gives no partition (e.g. torchgpipe on zero-time
+            # layers): an infeasible row that says why, rather than a failed solve.
+            rows.append(
+                {"name": label, "iteration_ms": None, "feasible": False, "reason": failed[label]}
+            )
+            continue
         b = baselines[label]
         # Scale to this plan's samples per iteration so the times compare like for like.
         ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None

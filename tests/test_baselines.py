@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import InputError
+from planner.errors import InfeasibleError, InputError
 from planner.partition import (
     block_partition,
     deepspeed_partition_balanced,
@@ -21,6 +23,8 @@ from planner.partition import (
     time_balanced_partition,
     uniform_partition,
 )
+from planner.partition.baselines import _deepspeed_partition_balanced_reference
+from planner.partition.pipedream import _pipedream_reference
 from planner.profile import Layer, LayerTiming, Measurement, Profile
 
 
@@ -269,6 +273,112 @@ def test_pipedream_memory_constraint_forces_replication() -> None:
     # of two stages keeps 1 x (1000 + 40) B > 1000 B, so only full replication (no stash) fits.
     constrained = pipedream_partition(profile, 1, [(2, 1e9)], memory_size=1000.0)
     assert constrained == [(0, 1, 2)]
+
+
+# --- the vectorised DPs against the loops they replace ------------------------------------
+
+
+def _random_chain(rng: random.Random, n: int) -> Profile:
+    # Small integers make ties (equal times, zero-time and parameter-free layers) common, so
+    # the tie-breaking of the vectorised DP is exercised, not just its arithmetic.
+    layers, timings = [], []
+    for i in range(n):
+        p = rng.choice([0, 1, 3, rng.randint(0, 10**7)])
+        layers.append(Layer(f"l{i}", p, 4 * p, 8 * p))
+        f = float(rng.choice([0, 1, 2, rng.randint(0, 50)]))
+        b = float(rng.choice([0, f, 2 * f]))
+        saved, out = rng.choice([0, 100, rng.randint(0, 10**6)]), rng.randint(0, 10**6)
+        timings.append(LayerTiming(f, b, 0.0, 0.0, out, saved))
+    return Profile("rand", layers, [Measurement(1, 0, timings)])
+
+
+@pytest.mark.parametrize("num_levels", [1, 2])
+def test_pipedream_vectorised_matches_reference(num_levels: int) -> None:
+    rng = random.Random(num_levels)
+    options: list[dict[str, object]] = [
+        {},
+        {"straight_pipeline": True},
+        {"use_fewer_machines": True},
+        {"activation_compression_ratio": 1.0},
+        {"activation_compression_ratio": 2.0, "use_fewer_machines": True},
+    ]
+    checked = 0
+    for _ in range(60):
+        profile = _random_chain(rng, rng.randint(1, 9))
+        levels = [(rng.randint(1, 6), rng.choice([1e4, 1e6, 1e9])) for _ in range(num_levels)]
+        opts = dict(rng.choice(options))
+        if rng.random() < 0.3:
+            opts["memory_size"] = float(rng.choice([10**5, 10**6, 10**7]))
+        try:
+            expected = _pipedream_reference(profile, 1, levels, **opts)  # type: ignore[arg-type]
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError, match="memory_size"):
+                pipedream_plan(profile, 1, levels, **opts)  # type: ignore[arg-type]
+            continue
+        got = pipedream_plan(profile, 1, levels, **opts)  # type: ignore[arg-type]
+        # Bit for bit: same stages and the same float for PipeDream's objective.
+        assert got == expected, (profile.to_dict(), levels, opts)
+        checked += 1
+    assert checked > 30
+    # Long enough for the vectorised DP to work in several blocks of split points.
+    profile = _random_chain(rng, 40)
+    levels = [(7, 1e9)] if num_levels == 1 else [(3, 1e9), (2, 1e7)]
+    for opts in options[:3]:
+        got = pipedream_plan(profile, 1, levels, **opts)  # type: ignore[arg-type]
+        assert got == _pipedream_reference(profile, 1, levels, **opts)  # type: ignore[arg-type]
+
+
+def test_pipedream_vectorised_tables_match_reference() -> None:
+    """Every entry of a level's table, not just the path the answer takes through it."""
+    from planner.partition.pipedream import (
+        _prefix,
+        _segments,
+        _solve_level,
+        _solve_level_fast,
+    )
+
+    rng = random.Random(7)
+    for case in range(40):
+        profile = _random_chain(rng, rng.randint(2, 8))
+        seg = _segments(profile, 1)
+        n = profile.num_layers
+        ref_times: list[list[float | None]] = [
+            [seg.total(seg.compute, i, j) if j >= i else None for j in range(n)] for i in range(n)
+        ]
+        compute = _prefix(seg.compute)
+        times = compute[None, 1:] - compute[:-1, None]
+        times[np.tril_indices(n, -1)] = np.inf
+        kwargs = {
+            "final_level": case % 2 == 0,
+            "straight_pipeline": False,
+            "memory_size": 10**6 if case % 3 == 0 else None,
+            "use_fewer_machines": case % 4 == 1,
+            "compression": 1.0 if case % 5 == 0 else None,
+        }
+        machines, within, bandwidth = rng.randint(1, 5), rng.randint(1, 3), 1e6
+        ref = _solve_level(ref_times, seg, machines, within, bandwidth, **kwargs)  # type: ignore[arg-type]
+        fast = _solve_level_fast(times, seg, machines, within, bandwidth, **kwargs)  # type: ignore[arg-type]
+        for i in range(1 if kwargs["final_level"] else n):
+            for j in range(n):
+                for m in range(machines):
+                    entry = ref[i][j][m]
+                    if entry is None:
+                        assert math.isinf(fast.time[i, j, m]), (case, i, j, m)
+                        continue
+                    split = None
+                    if fast.split[i, j, m] >= 0:
+                        split = (int(fast.split[i, j, m]), int(fast.before[i, j, m]))
+                    assert (float(fast.time[i, j, m]), split, int(fast.last[i, j, m])) == entry
+
+
+def test_deepspeed_vectorised_matches_reference() -> None:
+    rng = random.Random(3)
+    for _ in range(500):
+        weights = [rng.choice([0, 1, 2, rng.randint(0, 10**6)]) for _ in range(rng.randint(1, 14))]
+        parts = rng.randint(1, 8)
+        assert deepspeed_partition_balanced(weights, parts) == (
+            _deepspeed_partition_balanced_reference(weights, parts)
+        ), (weights, parts)
 
 
 # --- the real libraries, when installed ---------------------------------------------------

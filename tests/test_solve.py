@@ -210,6 +210,23 @@ def test_no_slower_than_baselines_and_fits(topo_path: Path) -> None:
     assert plan.predicted["lower_bound_ms"] <= it
 
 
+def test_failing_baseline_is_an_infeasible_row_not_a_failed_solve(tmp_path: Path) -> None:
+    # torchgpipe's block partition never stops on GNMT's zero-time layers at 20 stages; the
+    # solve must still succeed and report that baseline as infeasible, with the reason.
+    from planner.profile import load_profile
+
+    profile = load_profile(ROOT / "profiles" / "pipedream-gnmt.json")
+    plan = solve(profile, uniform_topology(20), time_limit=10)
+    rows = {row["name"]: row for row in plan.baselines}
+    assert set(rows) == {"uniform", "parameter-balanced", "time-balanced", "pipedream"}
+    timed = rows["time-balanced"]
+    assert timed["feasible"] is False and timed["iteration_ms"] is None
+    assert "torchgpipe" in timed["reason"] and "never stops" in timed["reason"]
+    assert rows["uniform"]["feasible"] and "reason" not in rows["uniform"]
+    plan.save(tmp_path / "plan.json")
+    assert Plan.load(tmp_path / "plan.json").baselines == plan.baselines
+
+
 def test_deterministic() -> None:
     topo = load_topology(ROOT / "topologies" / "hetero.yaml")
     profile = random_profile(12, 5, sizes=(1, 2))

@@ -50,9 +50,10 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     m = profile.measurement(size)
     table = Table(
         title=f"{profile.model} on {profile.device}, microbatch size {size} (times in ms)",
-        caption="bwd: whole backward; in, wt: its two halves; act: saved for bwd",
+        caption="bwd: whole backward; in, wt: its two halves; opt: optimizer step; "
+        "act: saved for bwd",
     )
-    for header in ("#", "layer", "fwd", "bwd", "in", "wt", "params", "act", "out"):
+    for header in ("#", "layer", "fwd", "bwd", "in", "wt", "opt", "params", "act", "out"):
         table.add_column(header, justify="left" if header == "layer" else "right")
     for i, (layer, t) in enumerate(zip(profile.layers, m.layers, strict=True)):
         table.add_row(
@@ -62,6 +63,7 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
             f"{t.backward_ms:.2f}",
             f"{t.backward_input_ms:.2f}",
             f"{t.backward_weight_ms:.2f}",
+            f"{layer.optimizer_ms:.2f}",
             _size(layer.param_bytes),
             _size(t.saved_bytes),
             _size(t.output_bytes),
@@ -74,6 +76,7 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
         f"{sum(t.backward_ms for t in m.layers):.2f}",
         f"{sum(t.backward_input_ms for t in m.layers):.2f}",
         f"{sum(t.backward_weight_ms for t in m.layers):.2f}",
+        f"{sum(layer.optimizer_ms for layer in profile.layers):.2f}",
         _size(sum(layer.param_bytes for layer in profile.layers)),
         _size(sum(t.saved_bytes for t in m.layers)),
         "",

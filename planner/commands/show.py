@@ -79,10 +79,11 @@ def resimulate(plan: Plan, plan_path: Path) -> SimResult:
         topo = load_topology(topo_path)
     sched = Schedule.from_dict(plan.schedule, source=str(plan_path))
     validate_schedule(sched, plan.stages, source=str(plan_path))
+    # An explicit simulate --step-ms is kept in the schedule's meta; else the profile's.
     step = (
-        plan.schedule.get("meta", {}).get("step_ms", 0.0)
+        plan.schedule.get("meta", {}).get("step_ms")
         if isinstance(plan.schedule.get("meta"), dict)
-        else 0.0
+        else None
     )
     return simulate(
         prof,

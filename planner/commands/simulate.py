@@ -161,7 +161,12 @@ def simulate_command(
     virtual_stages: int = typer.Option(
         1, "--virtual-stages", help="Interleaved: chunks per device (inferred from --stages)."
     ),
-    step_ms: float = typer.Option(0.0, "--step-ms", help="Optimizer step time per stage (ms)."),
+    step_ms: float | None = typer.Option(
+        None,
+        "--step-ms",
+        help="Optimizer step time per stage (ms); default: the profile's measured step.",
+        show_default=False,
+    ),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write the plan JSON here.", show_default=False
     ),
@@ -216,7 +221,7 @@ def simulate_command(
     title = (
         f"{schedule}: {len(specs)} stages, {microbatches} microbatches of {result.microbatch_size}"
     )
-    if step_ms:
+    if step_ms is not None:  # show re-simulates with the same override
         result.schedule.meta["step_ms"] = step_ms
     if output is not None:
         plan = plan_from_result(

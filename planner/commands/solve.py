@@ -169,7 +169,10 @@ def print_plan(
             ms = row.get("iteration_ms")
             ratio = f"{ms / it:.2f}x" if ms and it else "-"
             shown = f"{ms:.3f}" if ms is not None else "-"
-            base.add_row(row["name"], shown, ratio, "yes" if row.get("feasible") else "no")
+            fits = "yes" if row.get("feasible") else "no"
+            if row.get("reason"):
+                fits = f"no: {row['reason']}"
+            base.add_row(row["name"], shown, ratio, fits)
         console.print(base)
     if output is not None:
         console.print(f"Wrote {output}")

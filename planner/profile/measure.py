@@ -9,7 +9,11 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   only, then w.r.t. the parameters only (the two halves zero-bubble schedules separate);
 - ``saved_bytes``: distinct storages autograd keeps for the backward (saved-tensor hooks),
   parameters and buffers excluded; ``output_bytes``: every tensor crossing the next cut;
-- ``workspace_bytes`` (CUDA only): peak memory of forward plus backward beyond those.
+- ``workspace_bytes`` (CUDA only): peak memory of forward plus backward beyond those;
+- ``optimizer_ms`` (per layer, independent of the microbatch size): one step of the profile's
+  optimizer over the layer's parameters, holding real gradients (from the smallest
+  microbatch size), followed by ``zero_grad(set_to_none=False)`` -- what the runtime's
+  ``STEP`` does. The weights are restored afterwards.
 
 Times are medians of ``repeat`` runs after ``warmup`` runs; ``spread`` keeps the quartiles.
 On CUDA each interval is timed with CUDA events after a synchronisation; on CPU with a
@@ -184,10 +188,16 @@ def profile_model(
             for name, ps in zip(split.names, params, strict=True)
         ]
         total = len(sizes) * settings.repeat
-        measurements = [
-            _measure_size(user, split, size, settings, progress, k * settings.repeat, total)
-            for k, size in enumerate(sizes)
-        ]
+        measurements = []
+        for k, size in enumerate(sizes):
+            measurement, runners = _measure_size(
+                user, split, size, settings, progress, k * settings.repeat, total
+            )
+            measurements.append(measurement)
+            if k == 0:  # the step does not depend on the microbatch size: time it once
+                steps = _time_optimizer(runners, optimizer, settings)
+                for layer, ms in zip(layers, steps, strict=True):
+                    layer.optimizer_ms = ms
     finally:
         torch.set_num_threads(old_threads)
     return Profile(
@@ -238,7 +248,7 @@ def _measure_size(
     progress: ProgressFn | None,
     done: int,
     total: int,
-) -> Measurement:
+) -> tuple[Measurement, list[_Runner]]:
     from planner.profile.split import tensor_bytes
 
     inputs, targets = user.batch(size)
@@ -262,7 +272,83 @@ def _measure_size(
 
     samples = _time_runners(runners, settings, after_repeat)
     timings = [_timing(samples[k], *facts[k]) for k in range(split.num_layers)]
-    return Measurement(microbatch_size=size, input_bytes=tensor_bytes(inputs), layers=timings)
+    measurement = Measurement(size, tensor_bytes(inputs), timings)
+    return measurement, runners
+
+
+def _time_optimizer(runners: Sequence[_Runner], optimizer: str, settings: _Settings) -> list[float]:
+    """Median time of one optimizer step (and the runtime's gradient zeroing) per layer.
+
+    Each layer's parameters get their real gradients from one backward; before every step
+    they are put back (untimed), so every timed step sees real gradients. Layers are timed
+    round robin, as the other timings are. The weights are restored at the end, so the
+    steps leave the model as it was.
+    """
+    jobs = [_OptimizerJob(run, optimizer) if run.params else None for run in runners]
+    samples: list[list[float]] = [[] for _ in runners]
+    gc_was_enabled = gc.isenabled()
+    try:
+        # One untimed step first: Adam and momentum create their state on the first step.
+        for r in range(1 + settings.warmup + settings.repeat):
+            if r == 1 + settings.warmup:
+                gc.disable()  # as in _time_runners: no collection inside a timed step
+            for job, into in zip(jobs, samples, strict=True):
+                if job is None:
+                    continue
+                job.restore_grads()
+                _, ms = job.run._timed(job.step)
+                if r > settings.warmup:
+                    into.append(ms)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        for job in jobs:
+            if job is not None:
+                job.restore_weights()
+    return [_round(statistics.median(ms)) if ms else 0.0 for ms in samples]
+
+
+class _OptimizerJob:
+    """The profile's optimizer over one layer's parameters, with that layer's real gradients."""
+
+    def __init__(self, run: _Runner, optimizer: str):
+        import torch
+
+        from planner.runtime.optimizer import make_optimizer
+
+        self.run = run
+        params = run.params
+        _, roots = run.forward()
+        grads = None if run.loss is not None else run.grads
+        found = torch.autograd.grad(roots, params, grads, allow_unused=True)
+        self.grads = [
+            g.detach() if g is not None else torch.zeros_like(p)
+            for g, p in zip(found, params, strict=True)
+        ]
+        self.weights = [p.detach().clone() for p in params]
+        for p, g in zip(params, self.grads, strict=True):
+            p.grad = g.clone()
+        self.optimizer = make_optimizer(optimizer, params)
+
+    def restore_grads(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, g in zip(self.run.params, self.grads, strict=True):
+                p.grad.copy_(g)
+
+    def step(self) -> None:
+        # What the runtime's STEP runs (planner.runtime.optimizer.PlainStep.step).
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+
+    def restore_weights(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, w in zip(self.run.params, self.weights, strict=True):
+                p.copy_(w)
+                p.grad = None
 
 
 def _measure(

@@ -44,6 +44,9 @@ class Layer:
     param_count: int
     param_bytes: int
     optimizer_state_bytes: int
+    # One optimizer step over the layer's parameters (the profile's ``optimizer``), ms on the
+    # profiling device; 0 where it was not measured (imported profiles, older files).
+    optimizer_ms: float = 0.0
 
     @property
     def gradient_bytes(self) -> int:
@@ -163,15 +166,7 @@ class Profile:
             "dtype": self.dtype,
             "torch_version": self.torch_version,
             "optimizer": self.optimizer,
-            "layers": [
-                {
-                    "name": layer.name,
-                    "param_count": layer.param_count,
-                    "param_bytes": layer.param_bytes,
-                    "optimizer_state_bytes": layer.optimizer_state_bytes,
-                }
-                for layer in self.layers
-            ],
+            "layers": [_layer_dict(layer) for layer in self.layers],
             "measurements": [m.to_dict() for m in self.measurements],
         }
         if self.edges is not None:
@@ -183,6 +178,18 @@ class Profile:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile atomically as JSON."""
         atomic_write_json(path, self.to_dict())
+
+
+def _layer_dict(layer: Layer) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": layer.name,
+        "param_count": layer.param_count,
+        "param_bytes": layer.param_bytes,
+        "optimizer_state_bytes": layer.optimizer_state_bytes,
+    }
+    if layer.optimizer_ms:  # optional: absent means not measured (read back as 0)
+        out["optimizer_ms"] = layer.optimizer_ms
+    return out
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
@@ -212,6 +219,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
             param_count=v.count(item, "param_count", f"layers[{i}]"),
             param_bytes=v.count(item, "param_bytes", f"layers[{i}]"),
             optimizer_state_bytes=v.count(item, "optimizer_state_bytes", f"layers[{i}]"),
+            optimizer_ms=v.number(item, "optimizer_ms", f"layers[{i}]", default=0.0),
         )
         for i, item in enumerate(raw_layers)
     ]
@@ -314,7 +322,9 @@ class _Validator:
             self.fail(where, "expected a list")
         return value
 
-    def number(self, obj: Any, key: str, where: str) -> float:
+    def number(self, obj: Any, key: str, where: str, default: float | None = None) -> float:
+        if default is not None and isinstance(obj, dict) and key not in obj:
+            return default
         value = self.get(obj, key, where)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             self.fail(f"{where}.{key}", f"expected a non-negative number, got {value!r}")

@@ -146,7 +146,11 @@ def build_report(
     events = [ev for r in ranks for ev in r["events"]]
     predicted = plan.predicted.get("iteration_ms")
     step = max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0)
-    if predicted and step > 0.05 * float(predicted):
+    meta = plan.schedule.get("meta")
+    step_predicted = bool(plan.predicted.get("step_ms")) or (
+        isinstance(meta, dict) and bool(meta.get("step_ms"))
+    )
+    if predicted and step > 0.05 * float(predicted) and not step_predicted:
         notes = [
             *notes,
             f"the optimizer step takes up to {step:.2f} ms per stage, which the prediction "

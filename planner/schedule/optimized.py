@@ -91,7 +91,7 @@ def optimized_schedule(
     microbatch_size: int | None = None,
     topology: Topology | None = None,
     memory_limits: Mapping[str, int] | None = None,
-    step_ms: float = 0.0,
+    step_ms: float | None = None,
     max_simulations: int = 40,
     **_: Any,
 ) -> Schedule:
