@@ -7,6 +7,7 @@ ping-pong of 4-byte messages gives the latency, one-way streams of 1-64 MiB the 
 Run::
 
     .venv/bin/python bench/gloo_bandwidth.py            # table + bench/results/gloo_bandwidth.json
+    .venv/bin/python bench/gloo_bandwidth.py --quick    # 1 and 4 MiB only
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+if "--quick" in sys.argv:  # 1 and 4 MiB only; spawned workers see the same argv
+    SIZES = SIZES[:2]
 REPEATS = 10
 
 

@@ -15,12 +15,14 @@ microbatches, every profiled microbatch size, ``--schedule auto``) and report
 Run::
 
     .venv/bin/python bench/plan_quality.py        # table + bench/results/plan_quality.json
+    .venv/bin/python bench/plan_quality.py --quick  # mlp and gpt on cpu and dgx1-v100
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from planner.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "plan_quality.json"
+QUICK_PROFILES = ("mlp", "gpt")
+QUICK_TOPOLOGIES = ("cpu", "dgx1-v100")
 BASELINES = ("uniform", "parameter-balanced", "time-balanced", "pipedream")
 
 
@@ -73,6 +77,9 @@ def _fmt(x: float | None) -> str:
 def main() -> None:
     profiles = sorted((ROOT / "profiles").glob("*.json"))
     topologies = sorted((ROOT / "topologies").glob("*.yaml"))
+    if "--quick" in sys.argv:  # the two example profiles on the two smallest machines
+        profiles = [p for p in profiles if p.stem in QUICK_PROFILES]
+        topologies = [t for t in topologies if t.stem in QUICK_TOPOLOGIES]
     rows = [run_case(p, t) for p in profiles for t in topologies]
     head = ["profile", "topology", "plan", *BASELINES, "best", "vs LB", "vs plan LB", "s"]
     print(" | ".join(head))

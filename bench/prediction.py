@@ -20,6 +20,7 @@ Run::
 
     .venv/bin/python bench/prediction.py                 # table + bench/results/prediction.json
     .venv/bin/python bench/prediction.py --models mlp --steps 5
+    .venv/bin/python bench/prediction.py --quick         # mlp, 3 steps
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
+    ap.add_argument("--quick", action="store_true", help="the mlp example, 3 steps")
     args = ap.parse_args()
+    if args.quick:
+        args.models, args.steps = "mlp", 3
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

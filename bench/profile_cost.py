@@ -11,6 +11,7 @@ Run::
 
     .venv/bin/python bench/profile_cost.py                 # table + bench/results/profile_cost.json
     .venv/bin/python bench/profile_cost.py --runs 3 --model examples/cnn.py
+    .venv/bin/python bench/profile_cost.py --quick         # mlp, -b 1, --repeat 3
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ def main() -> None:
     parser.add_argument("-b", "--sizes", default="1,2,4")
     parser.add_argument("--runs", type=int, default=2, help="profiles to take (>= 2)")
     parser.add_argument("--extra", default="", help="extra flags for pipeplan profile")
+    parser.add_argument(
+        "--quick", action="store_true", help="the MLP example at -b 1, 3 repeats per layer"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.model, args.sizes = ROOT / "examples" / "mlp.py", "1"
+        args.extra = args.extra or "--repeat 3 --warmup 1"
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     seconds: list[float] = []

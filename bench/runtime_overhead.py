@@ -16,7 +16,8 @@ pipeplan samples/s / torch samples/s (target >= 1.0).
 Run::
 
     .venv/bin/python bench/runtime_overhead.py    # table + bench/results/runtime_overhead.json
-    .venv/bin/python bench/runtime_overhead.py --rounds 1 --steps 4   # quick
+    .venv/bin/python bench/runtime_overhead.py --rounds 1 --steps 4
+    .venv/bin/python bench/runtime_overhead.py --quick   # 1F1B, 1 round of 3 steps
 """
 
 from __future__ import annotations
@@ -173,9 +174,16 @@ def main() -> None:
     ap.add_argument(
         "-o", "--output", default=str(ROOT / "bench" / "results" / "runtime_overhead.json")
     )
+    ap.add_argument(
+        "--quick", action="store_true", help="1F1B only, 1 round of 3 steps after 1 warm-up"
+    )
     args = ap.parse_args()
+    schedules: tuple[str, ...] = ("gpipe", "1f1b")
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 1, 3, 1
+        schedules = ("1f1b",)
     rows = []
-    for schedule in ("gpipe", "1f1b"):
+    for schedule in schedules:
         ours, theirs = [], []
         for _ in range(args.rounds):  # alternate, so load drift hits both sides
             ours.append(run_pipeplan(schedule, args.steps, args.warmup)["iteration_ms"])
