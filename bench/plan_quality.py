@@ -65,7 +65,7 @@ def run_case(profile_path: Path, topo_path: Path) -> dict[str, Any]:
         "microbatch": f"{plan.num_microbatches}x{plan.microbatch_size}",
         "baseline_ratio": ratios,
         "best_baseline_ratio": min(feasible) if feasible else None,
-        "vs_lower_bound": round(it / plan.predicted["lower_bound_ms"], 3),
+        "vs_lower_bound": round(it / plan.predicted["global_lower_bound_ms"], 3),
         "vs_plan_bound": round(it / plan.predicted["plan_lower_bound_ms"], 3),
     }
 

@@ -137,7 +137,7 @@ def measure(model: str, gpus: int) -> dict[str, Any]:
         schedule=plan.schedule["name"],
         microbatch=f"{plan.num_microbatches}x{plan.microbatch_size}",
         iteration_s=round(it / 1e3, 3),
-        vs_lower_bound=round(it / plan.predicted["lower_bound_ms"], 3),
+        vs_lower_bound=round(it / plan.predicted["global_lower_bound_ms"], 3),
     )
     return row
 

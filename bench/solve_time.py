@@ -109,7 +109,7 @@ def time_solve(
         "replicas": [len(s.devices) for s in plan.stages],
         "schedule": plan.schedule["name"],
         "iteration_ms": round(plan.predicted["iteration_ms"], 3),
-        "lower_bound_ms": round(plan.predicted["lower_bound_ms"], 3),
+        "global_lower_bound_ms": round(plan.predicted["global_lower_bound_ms"], 3),
         "simulations": plan.solver["simulations"],
         "method": plan.solver["method"],
         "baselines": {b["name"]: b["feasible"] for b in plan.baselines},

@@ -106,7 +106,7 @@ def measure(layers: int, devices: int, kind: str) -> dict[str, Any]:
         "stages": len(plan.stages),
         "schedule": plan.schedule["name"],
         "iteration_ms": round(it, 2),
-        "vs_lower_bound": round(it / plan.predicted["lower_bound_ms"], 3),
+        "vs_lower_bound": round(it / plan.predicted["global_lower_bound_ms"], 3),
         "simulations": plan.solver.get("simulations"),
     }
 

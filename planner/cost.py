@@ -45,8 +45,9 @@ class StageTimes:
     """Per-microbatch compute times of one stage on one device, in milliseconds.
 
     ``backward_ms`` is the whole backward (``input_grad_ms + weight_grad_ms`` is what
-    zero-bubble schedules run as two separate actions). With recompute, the re-run
-    forward is part of ``backward_ms`` and of ``input_grad_ms``.
+    zero-bubble schedules run as two separate actions; the first stage and recompute
+    stages run it all in ``I``, so their ``weight_grad_ms`` is 0). With recompute, the
+    re-run forward is part of ``backward_ms`` and of ``input_grad_ms``.
     """
 
     forward_ms: float
@@ -76,7 +77,10 @@ def stage_times(
 
     Profiled times are divided by the device ``speed``. When a profile's split halves are
     missing (both zero) the weight half is taken as zero and the input half as the whole
-    backward, so a B/W split schedule never becomes cheaper than it can be.
+    backward, so a B/W split schedule never becomes cheaper than it can be. The first
+    stage (``first == 0``), a recompute stage and a stage without weights also get the
+    whole backward as the input half and a zero weight half, because that is what the
+    runtime's zero-bubble ``I``/``W`` actions do for them.
 
     Example::
 
@@ -99,6 +103,12 @@ def stage_times(
         bi, bw = bi * scale, bw * scale
         if bwd <= 0:
             bwd = bi + bw
+    params = sum(layer.param_bytes for layer in profile.layers[first : last + 1])
+    if first == 0 or recompute or params == 0:
+        # What the runtime does (planner/runtime/stage.py, backward_input): the first stage
+        # needs no input gradients, a recompute stage's checkpointed graph cannot be split,
+        # and a stage without weights has no W; each runs its whole backward as I.
+        bi, bw = bi + bw, 0.0
     extra = fwd if recompute else 0.0
     return StageTimes(
         forward_ms=fwd / speed,

@@ -31,8 +31,16 @@ __all__ = [
 ]
 
 
-def check_output_path(path: str | os.PathLike[str], *, field: str = "-o") -> Path:
-    """Fail early, before any expensive work, if ``path`` cannot be written."""
+def check_output_path(path: str | os.PathLike[str], *, field: str | None = None) -> Path:
+    """Fail early, before any expensive work, if ``path`` cannot be written.
+
+    ``field`` names where the path came from (a CLI flag such as ``-o``); without it the
+    error names only the path, as fits a Python API caller.
+
+    Example::
+
+        check_output_path("plans/plan.json", field="-o")
+    """
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():

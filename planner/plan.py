@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "SCHEMA",
     "Plan",
     "StageSpec",
+    "as_stages",
     "parse_stages",
     "plan_from_dict",
     "stages_from_data",
@@ -134,6 +136,9 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
         fail("", "expected a JSON object at the top level")
     if data.get("schema") != SCHEMA:
         fail("schema", f"expected {SCHEMA!r}, got {data.get('schema')!r}")
+    bad = _non_finite(data, "")
+    if bad is not None:
+        fail(bad[0], f"expected a finite number, got {bad[1]!r}")
     for key in ("profile", "topology"):
         ref = data.get(key)
         path_ok = isinstance(ref, dict) and (
@@ -172,6 +177,23 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
     )
 
 
+def _non_finite(obj: Any, where: str) -> tuple[str, float] | None:
+    """The dotted path and value of the first NaN/Infinity in decoded JSON, if any."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where, obj
+    if isinstance(obj, dict):
+        items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for path, value in items:
+        found = _non_finite(value, path)
+        if found is not None:
+            return found
+    return None
+
+
 def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
     """Stages from their JSON/YAML form (a list of ``{id?, layers, devices, recompute?}``).
 
@@ -188,35 +210,45 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
             raise InputError("expected an object", file=source, field=where)
         layers = item.get("layers")
         ok = isinstance(layers, list | tuple) and len(layers) == 2
-        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in layers or ())
+        ok = ok and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in layers or ()
+        )
         if not ok:
             raise InputError(
-                f"expected [first, last] layer indices, got {layers!r}",
+                f"expected [first, last] layer indices (integers >= 0), got {layers!r}",
                 file=source,
                 field=f"{where}.layers",
             )
         devices = item.get("devices")
         if isinstance(devices, str):
             devices = [devices]
-        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
             raise InputError(
                 f"expected a list of device names, got {devices!r}",
                 file=source,
                 field=f"{where}.devices",
             )
         sid = item.get("id", i)
-        if sid != i:
+        if isinstance(sid, bool) or not isinstance(sid, int) or sid != i:
             raise InputError(
                 f"expected stage ids 0, 1, 2, ... in order; stage {i} has id {sid!r}",
                 file=source,
                 field=f"{where}.id",
+            )
+        recompute = item.get("recompute", False)
+        if not isinstance(recompute, bool):
+            # A string "false" would otherwise be truthy and silently switch recompute on.
+            raise InputError(
+                f"expected true or false (a JSON/YAML boolean), got {recompute!r}",
+                file=source,
+                field=f"{where}.recompute",
             )
         stages.append(
             StageSpec(
                 id=i,
                 layers=(layers[0], layers[1]),  # type: ignore[index]
                 devices=list(devices),
-                recompute=bool(item.get("recompute", False)),
+                recompute=recompute,
             )
         )
     return stages
@@ -342,3 +374,57 @@ def validate_stages(
                         "schedule places several stages on one device",
                     )
                 owner[dev] = i
+
+
+def as_stages(stages: Any) -> list[StageSpec]:
+    """Stages in any form a user would write them, as a list of :class:`StageSpec`.
+
+    Accepts StageSpecs, the ``--stages`` shorthand, the plan JSON's stage objects, or
+    tuples ``(first, last, devices)`` / ``((first, last), devices)`` (``devices`` a name or
+    a list of names; an optional last item is ``recompute``). Ids follow the list order
+    where they are not given.
+
+    Example::
+
+        as_stages("0-2:gpu0;3-5:gpu1")
+        as_stages([(0, 2, "gpu0"), (3, 5, ["gpu1", "gpu2"])])
+        as_stages(json.load(open("plan.json"))["stages"])
+    """
+    if isinstance(stages, list) and stages and all(isinstance(s, StageSpec) for s in stages):
+        return stages  # the solver's hot path: nothing to convert
+    if isinstance(stages, str):
+        return parse_stages(stages)
+    if not isinstance(stages, list | tuple) or not stages:
+        raise InputError(
+            "expected a non-empty list of stages, or a string like '0-2:gpu0;3-5:gpu1'",
+            field="stages",
+        )
+    if all(isinstance(s, dict) for s in stages):
+        return stages_from_data(list(stages))
+    return [_stage_from_item(i, item) for i, item in enumerate(stages)]
+
+
+def _stage_from_item(index: int, item: Any) -> StageSpec:
+    if isinstance(item, StageSpec):
+        return item
+    if isinstance(item, dict):
+        return stages_from_data([item])[0]
+    parts = list(item) if isinstance(item, list | tuple) else []
+    if parts and isinstance(parts[0], list | tuple) and len(parts[0]) == 2:
+        parts = [parts[0][0], parts[0][1], *parts[1:]]
+    if len(parts) not in (3, 4):
+        raise InputError(
+            f"expected (first, last, devices[, recompute]) or ((first, last), devices), "
+            f"got {item!r}",
+            field=f"stages[{index}]",
+        )
+    first, last, devices = parts[0], parts[1], parts[2]
+    names = [devices] if isinstance(devices, str) else list(devices)
+    recompute = parts[3] if len(parts) == 4 else False
+    ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last))
+    if not ok or not isinstance(recompute, bool) or not all(isinstance(d, str) for d in names):
+        raise InputError(
+            f"expected integer layers, device names and a boolean recompute, got {item!r}",
+            field=f"stages[{index}]",
+        )
+    return StageSpec(index, (first, last), names, recompute)

@@ -31,12 +31,16 @@ if TYPE_CHECKING:
     from planner.simulate import SimEvent, SimResult
 
 __all__ = [
+    "MIN_GANTT_WIDTH",
     "gantt_text",
     "print_report",
     "render_html",
     "render_svg",
     "render_trace",
 ]
+
+# Below this the time axis labels overlap the chart and nothing readable is left.
+MIN_GANTT_WIDTH = 20
 
 _GOLDEN = 0.618033988749895
 _TERM_COLOURS = [
@@ -170,7 +174,7 @@ def print_report(
         console.print(f"[red]Does not fit in memory on: {', '.join(over)}[/red]")
     if gantt and result.events:
         label_w = max(max((len(d) for d in result.device_names), default=4), 4) + 1
-        cols = width or max(30, console.width - label_w - 12)
+        cols = width if width is not None else max(30, console.width - label_w - 12)
         console.print(gantt_text(result, width=cols))
 
 
@@ -186,6 +190,8 @@ def gantt_text(result: SimResult, *, width: int = 100) -> Text:
     """
     from rich.text import Text
 
+    if width < MIN_GANTT_WIDTH:
+        raise ValueError(f"gantt width must be at least {MIN_GANTT_WIDTH} columns, got {width}")
     span = max(result.makespan_ms, result.iteration_ms, 1e-12)
     dt = span / width
     rows = _by_device(result)

@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,8 +45,8 @@ from planner.cost import (
     stage_times,
 )
 from planner.errors import InputError
-from planner.plan import Plan, StageSpec, validate_stages
-from planner.profile.schema import Profile
+from planner.plan import Plan, StageSpec, as_stages, validate_stages
+from planner.profile.schema import Profile, as_profile
 from planner.schedule import ActionType, Schedule, build_schedule, validate_schedule
 
 if TYPE_CHECKING:
@@ -227,9 +228,9 @@ def _pick_microbatch_size(profile: Profile, microbatch_size: int | None) -> int:
 
 
 def simulate(
-    profile: Profile,
-    topology: Topology | None,
-    stages: Sequence[StageSpec],
+    profile: Profile | str | os.PathLike[str],
+    topology: Topology | str | os.PathLike[str] | None,
+    stages: Sequence[StageSpec] | str | Sequence[Any],
     schedule: str | Schedule = "1f1b",
     num_microbatches: int = 8,
     microbatch_size: int | None = None,
@@ -237,6 +238,8 @@ def simulate(
 ) -> SimResult:
     """Simulate one iteration of ``stages`` under ``schedule``.
 
+    ``profile`` and ``topology`` may be paths; ``stages`` anything :func:`planner.plan.as_stages`
+    reads (StageSpecs, ``"0-2:gpu0;3-5:gpu1"``, the plan JSON's stage objects, tuples).
     ``topology=None`` means free communication (devices need only distinct names).
     Options: ``virtual_stages`` (interleaved), ``step_ms`` (optimizer step per stage, a
     number or one per stage; default None: the profile's ``optimizer_ms`` of the stage's
@@ -249,6 +252,12 @@ def simulate(
         r = simulate(profile, None, parse_stages("0-1:a;2-3:b"), "gpipe", 8, 4)
         r.iteration_ms, r.memory_bytes
     """
+    profile = as_profile(profile)
+    if isinstance(topology, str | os.PathLike):
+        from planner.topology import load_topology
+
+        topology = load_topology(topology)
+    stages = as_stages(stages)
     mbs = _pick_microbatch_size(profile, microbatch_size)
     name = schedule if isinstance(schedule, str) else schedule.name
     virtual = int(opts.get("virtual_stages", 1))

@@ -54,6 +54,7 @@ __all__ = [
     "SCHEMA",
     "Device",
     "Topology",
+    "as_topology",
     "expand_names",
     "load_topology",
     "topology_from_dict",
@@ -932,10 +933,20 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
         raise InputError(
             f"expected a mapping with 'devices' and 'links' at the top; got {kind}", file=source
         )
-    _known_keys(data, _TOP_KEYS, source, "")
     schema = data.get("schema", SCHEMA)
+    # Checked before the keys: a profile or plan passed here would otherwise be reported as
+    # an "unknown field" instead of the wrong kind of file.
+    other = {"pipeplan.profile/v1": "profile", "pipeplan.plan/v1": "plan"}
+    if schema in other:
+        raise InputError(
+            f"this is a pipeplan {other[schema]} ({schema!r}); expected a topology YAML "
+            f"({SCHEMA!r})",
+            file=source,
+            field="schema",
+        )
     if schema != SCHEMA:
         raise InputError(f"expected {SCHEMA!r}; got {schema!r}", file=source, field="schema")
+    _known_keys(data, _TOP_KEYS, source, "")
     if "devices" not in data and "hosts" not in data:
         raise InputError(
             "missing; expected a list of devices (or a 'hosts' shorthand)",
@@ -1042,3 +1053,15 @@ def uniform_topology(
             d.name, "switch0", bandwidth=bandwidth, latency_ms=latency_ms / 2, count=1, kind=""
         )
     return Topology(name, graph, devices)
+
+
+def as_topology(topology: Topology | str | os.PathLike[str]) -> Topology:
+    """A Topology, loading it first when given a path.
+
+    Example::
+
+        as_topology("topologies/nvlink.yaml").device_names()
+    """
+    if isinstance(topology, str | os.PathLike):
+        return load_topology(topology)
+    return topology

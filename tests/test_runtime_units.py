@@ -91,3 +91,44 @@ def test_streamed_2bw_versions() -> None:
     v0[0].grad = torch.tensor([2.0])  # gradient of iteration 0, computed with W(0)
     opt.step(0)  # W(1) = W(0) - 0.5 * 2 = 0
     assert opt.weights(2)[0].item() == 0.0 and opt.weights(1)[0].item() == 1.0
+
+
+def _stage(stage_id: int, recompute: bool) -> tuple[object, torch.Tensor]:
+    from planner.runtime.stage import StageRuntime
+
+    class Block(torch.nn.Module):  # split stages return a tuple of outputs
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.b(torch.tanh(self.a(x))),)
+
+    torch.manual_seed(0)
+    module = Block()
+    stage = StageRuntime(
+        module, stage_id=stage_id, is_last=False, recompute=recompute, num_microbatches=1, loss=None
+    )
+    return stage, torch.randn(4, 8)
+
+
+@pytest.mark.parametrize(
+    ("stage_id", "recompute", "w_has_work"), [(0, False, False), (1, True, False), (1, False, True)]
+)
+def test_zero_bubble_i_and_w_split_as_the_cost_model_charges(
+    stage_id: int, recompute: bool, w_has_work: bool
+) -> None:
+    # The cost model gives the first stage and recompute stages I = whole backward, W = 0;
+    # a middle stage without recompute really leaves its weight gradients to W.
+    from planner.cost import stage_times, synthetic_profile
+
+    first = 0 if stage_id == 0 else 2
+    t = stage_times(synthetic_profile(6), first, first + 1, 1, recompute=recompute)
+    assert (t.weight_grad_ms > 0) == w_has_work
+    stage, x = _stage(stage_id, recompute)
+    out = stage.forward(0, [x])  # type: ignore[attr-defined]
+    stage.backward_input(0, [torch.ones_like(out[0])])  # type: ignore[attr-defined]
+    after_i = [p.grad is not None for p in stage.params]  # type: ignore[attr-defined]
+    assert all(after_i) != w_has_work
+    stage.backward_weight(0)  # type: ignore[attr-defined]
+    assert all(p.grad is not None for p in stage.params)  # type: ignore[attr-defined]

@@ -291,3 +291,79 @@ def test_simulate_rejects_a_hand_written_schedule_that_deadlocks(
     code, out, err = _run(capsys, *args, "--schedule", str(sched), "--json")
     assert code == 0, err
     assert json.loads(out)["schedule"] == "mine"
+
+
+def _mlp_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path, dict]:
+    root = Path(__file__).resolve().parents[1]
+    prof = tmp_path / "mlp.json"
+    prof.write_bytes((root / "profiles" / "mlp.json").read_bytes())
+    plan = tmp_path / "plan.json"
+    stages = "0-2:gpu0;3-5:gpu1"
+    args = ["--profile", str(prof), "--stages", stages, "-b", "32", "-m", "6"]
+    code, _, err = _run(capsys, "simulate", *args, "--schedule", "zb", "-o", str(plan))
+    assert code == 0, err
+    return prof, plan, json.loads(plan.read_text())
+
+
+def test_simulate_evaluates_an_existing_plan_and_flags_override_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof, plan, data = _mlp_plan(tmp_path, capsys)
+    code, out, err = _run(capsys, "simulate", "--plan", str(plan), "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["schedule"] == "zb" and got["stages"] == data["stages"]
+    assert got["iteration_ms"] == pytest.approx(data["predicted"]["iteration_ms"])
+    assert got["lower_bound_ms"] == pytest.approx(data["predicted"]["lower_bound_ms"])
+    code, out, err = _run(capsys, "simulate", "--plan", str(plan), "--schedule", "gpipe", "--json")
+    assert code == 0, err
+    assert json.loads(out)["schedule"] == "gpipe"
+    assert json.loads(out)["iteration_ms"] > got["iteration_ms"]
+    code, out, err = _run(capsys, "simulate", "--plan", str(plan), "-m", "3", "--json")
+    assert code == 0, err
+    assert json.loads(out)["iteration_ms"] < got["iteration_ms"]  # half the microbatches
+    code, out, err = _run(capsys, "simulate", "--plan", str(plan), "-b", "8", "--json")
+    assert code == 0, err
+    assert json.loads(out)["iteration_ms"] < got["iteration_ms"]  # smaller microbatches
+
+    prof.write_text(prof.read_text() + " ")
+    code, out, err = _run(capsys, "simulate", "--plan", str(plan))
+    assert code == 2 and "sha256" in err and err.count("\n") == 1
+
+
+def test_a_plan_as_schedule_keeps_its_microbatch_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof, plan, data = _mlp_plan(tmp_path, capsys)
+    args = ["simulate", "--profile", str(prof), "--stages", "0-2:gpu0;3-5:gpu1"]
+    code, out, err = _run(capsys, *args, "--schedule", str(plan), "--json")
+    assert code == 0, err
+    assert json.loads(out)["iteration_ms"] == pytest.approx(data["predicted"]["iteration_ms"])
+
+
+def test_simulate_needs_a_partition_or_a_plan(
+    inputs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run(capsys, "simulate", "--profile", str(inputs[0]))
+    assert code == 2 and "--stages" in err and err.count("\n") == 1
+
+
+def test_simulate_help_example_runs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shlex
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "simulate", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "400", "PATH": ""},
+    ).stdout
+    examples = re.findall(r"Example: (pipeplan simulate --profile .*?)\s*│?$", out, re.M)
+    assert examples
+    monkeypatch.chdir(root)
+    for example in examples:
+        code, _, err = _run(capsys, *shlex.split(example)[1:], "--json")
+        assert code == 0, (example, err)

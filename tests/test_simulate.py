@@ -281,3 +281,27 @@ def test_events_off_gives_the_same_numbers() -> None:
         b.busy_ms,
     )
     assert b.events == [] and a.events
+
+
+def test_zb_times_first_and_recompute_stages_as_the_runtime_runs_them() -> None:
+    # planner/runtime/stage.py runs the first stage's and a recompute stage's whole
+    # backward in I (nothing left for W); a middle stage splits it.
+    from planner.cost import stage_times
+
+    prof = synthetic_profile(6, forward_ms=1.0, backward_input_ms=2.0, backward_weight_ms=3.0)
+    first = stage_times(prof, 0, 1, 1)
+    assert (first.input_grad_ms, first.weight_grad_ms) == (10.0, 0.0)
+    middle = stage_times(prof, 2, 3, 1)
+    assert (middle.input_grad_ms, middle.weight_grad_ms) == (4.0, 6.0)
+    recomputed = stage_times(prof, 2, 3, 1, recompute=True)
+    assert (recomputed.input_grad_ms, recomputed.weight_grad_ms) == (12.0, 0.0)
+    assert recomputed.backward_ms == 12.0
+    stages = parse_stages("0-1:a;2-3:b;4-5:c", recompute=[2])
+    result = simulate(prof, None, stages, "zb", 4, 1)
+    durations: dict[tuple[str, int], set[float]] = {}
+    for e in result.events:
+        if e.kind in ("I", "W"):
+            durations.setdefault((e.kind, e.stage), set()).add(round(e.end_ms - e.start_ms, 9))
+    assert durations[("I", 0)] == {10.0} and durations.get(("W", 0), {0.0}) == {0.0}
+    assert durations[("I", 1)] == {4.0} and durations[("W", 1)] == {6.0}
+    assert durations[("I", 2)] == {12.0} and durations.get(("W", 2), {0.0}) == {0.0}

@@ -175,3 +175,19 @@ def test_missing_output_folder_fails_before_solving(
         capsys,
     )
     assert code == 2 and "does not exist" in err
+
+
+def test_lower_bound_is_the_one_simulate_and_show_report(
+    tmp_path: Path, profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_path = tmp_path / "plan.json"
+    args = ["solve", "--profile", str(profile_path), "--topology", NVLINK, "--global-batch", "32"]
+    code, out, err = _run([*args, "--time-limit", "5", "-o", str(out_path)], capsys)
+    assert code == 0, err
+    pred = Plan.load(out_path).predicted
+    assert "Global lower bound" in out
+    assert pred["global_lower_bound_ms"] <= pred["lower_bound_ms"] <= pred["iteration_ms"]
+    for verb in (["show", str(out_path)], ["simulate", "--plan", str(out_path)]):
+        code, out, err = _run([*verb, "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(out)["lower_bound_ms"] == pytest.approx(pred["lower_bound_ms"])

@@ -73,7 +73,7 @@ def pipedream(
     from planner.profile.pipedream import import_pipedream
 
     if output is not None:
-        check_output_path(output)
+        check_output_path(output, field="-o")
     profile = import_pipedream(
         graph,
         microbatch_size=microbatch_size,

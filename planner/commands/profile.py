@@ -123,7 +123,7 @@ def run_profile(
     optimizer_state_bytes(0, optimizer)
     check_device(device)
     if output is not None:
-        check_output_path(output)
+        check_output_path(output, field="-o")
     load_model_file(model)  # path, import and the contract's functions, before the bar starts
     if output is None:  # the default folder is created, but only for a loadable model
         output = default_output(model)

@@ -89,14 +89,14 @@ def run_command(
     from planner.errors import InputError
     from planner.fileio import atomic_write_json, check_output_path
     from planner.runtime.launch import RunFailed, in_torchrun
+    from planner.runtime.runner import check_run_options
 
+    check_run_options(
+        steps=steps, warmup=warmup, timeout_s=timeout, threads=threads, lr=lr, cli=True
+    )
     for path, flag in ((trace, "--trace"), (calibrate, "--calibrate")):
         if path is not None:
             check_output_path(path, field=flag)
-    if steps < 1:
-        raise InputError(f"expected at least 1, got {steps}", field="--steps")
-    if warmup < 0:
-        raise InputError(f"expected 0 or more, got {warmup}", field="--warmup")
     try:
         if in_torchrun():
             report = _run_torchrun(plan_path, model, steps, warmup, device, timeout, threads, lr)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from planner.plan import Plan
     from planner.simulate import SimResult
 
-__all__ = ["register", "resimulate", "show_command"]
+__all__ = ["plan_inputs", "register", "resimulate", "show_command"]
 
 
 def _locate(ref: dict[str, Any], key: str, plan_path: Path) -> Path | None:
@@ -57,6 +57,40 @@ def _locate(ref: dict[str, Any], key: str, plan_path: Path) -> Path | None:
     return found
 
 
+def plan_inputs(
+    plan: Plan, plan_path: Path, *, profile: bool = True, topology: bool = True
+) -> dict[str, Any]:
+    """What re-simulating ``plan`` needs, its files checked against their stored sha256.
+
+    Keys: ``profile`` / ``profile_path`` and ``topology`` / ``topology_path`` (each None
+    when not asked for, or no topology), ``schedule`` (the stored op order) and
+    ``step_ms`` (an explicit ``simulate --step-ms`` kept in the schedule's meta).
+
+    Example::
+
+        got = plan_inputs(Plan.load("plan.json"), Path("plan.json"), topology=False)
+        got["profile"].num_layers
+    """
+    from planner.profile import load_profile
+    from planner.schedule import Schedule
+
+    out: dict[str, Any] = {"profile": None, "profile_path": None}
+    out.update(topology=None, topology_path=None)
+    if profile:
+        prof_path = _locate(plan.profile, "profile", plan_path)
+        assert prof_path is not None
+        out.update(profile=load_profile(prof_path), profile_path=prof_path)
+    topo_path = _locate(plan.topology, "topology", plan_path) if topology else None
+    if topo_path is not None:
+        from planner.topology import load_topology
+
+        out.update(topology=load_topology(topo_path), topology_path=topo_path)
+    out["schedule"] = Schedule.from_dict(plan.schedule, source=str(plan_path))
+    meta = plan.schedule.get("meta")
+    out["step_ms"] = meta.get("step_ms") if isinstance(meta, dict) else None
+    return out
+
+
 def resimulate(plan: Plan, plan_path: Path) -> SimResult:
     """Time the plan's stored schedule on its (unchanged) profile and topology.
 
@@ -64,35 +98,19 @@ def resimulate(plan: Plan, plan_path: Path) -> SimResult:
 
         result = resimulate(Plan.load("plan.json"), Path("plan.json"))
     """
-    from planner.profile import load_profile
-    from planner.schedule import Schedule, validate_schedule
+    from planner.schedule import validate_schedule
     from planner.simulate import simulate
 
-    prof_path = _locate(plan.profile, "profile", plan_path)
-    assert prof_path is not None
-    topo_path = _locate(plan.topology, "topology", plan_path)
-    prof = load_profile(prof_path)
-    topo = None
-    if topo_path is not None:
-        from planner.topology import load_topology
-
-        topo = load_topology(topo_path)
-    sched = Schedule.from_dict(plan.schedule, source=str(plan_path))
-    validate_schedule(sched, plan.stages, source=str(plan_path))
-    # An explicit simulate --step-ms is kept in the schedule's meta; else the profile's.
-    step = (
-        plan.schedule.get("meta", {}).get("step_ms")
-        if isinstance(plan.schedule.get("meta"), dict)
-        else None
-    )
+    got = plan_inputs(plan, plan_path)
+    validate_schedule(got["schedule"], plan.stages, source=str(plan_path))
     return simulate(
-        prof,
-        topo,
+        got["profile"],
+        got["topology"],
         plan.stages,
-        sched,
+        got["schedule"],
         plan.num_microbatches,
         plan.microbatch_size,
-        step_ms=step,
+        step_ms=got["step_ms"],
         validate=False,
     )
 
@@ -109,7 +127,10 @@ def show_command(
         None, "--trace", help="Write a Chrome/Perfetto trace JSON.", show_default=False
     ),
     width: int | None = typer.Option(
-        None, "--width", help="Columns of the terminal Gantt chart.", show_default=False
+        None,
+        "--width",
+        help="Columns of the terminal Gantt chart (at least 20).",
+        show_default=False,
     ),
     no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the terminal Gantt chart."),
     as_json: bool = typer.Option(False, "--json", help="Print the re-simulated predictions."),
@@ -119,9 +140,15 @@ def show_command(
     Example: pipeplan show plan.json --svg plan.svg --trace trace.json
     """
     from planner.commands.simulate import write_pictures
+    from planner.errors import InputError
     from planner.fileio import check_output_path
     from planner.plan import Plan
+    from planner.render import MIN_GANTT_WIDTH
 
+    if width is not None and width < MIN_GANTT_WIDTH:
+        raise InputError(
+            f"expected at least {MIN_GANTT_WIDTH} columns, got {width}", field="--width"
+        )
     for path, flag in ((svg, "--svg"), (html, "--html"), (trace, "--trace")):
         if path is not None:
             check_output_path(path, field=flag)

@@ -3,12 +3,14 @@
 Example::
 
     $ pipeplan simulate --profile profiles/mlp.json --topology topologies/nvlink.yaml \\
-          --stages "0-3:gpu0,gpu1;4-7:gpu2" --schedule 1f1b --microbatches 8 -o plan.json
+          --stages "0-2:gpu0,gpu1;3-5:gpu2" --schedule 1f1b --microbatches 8 -o plan.json
+    $ pipeplan simulate --plan plan.json --schedule zb    # the same plan, another schedule
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,15 @@ def _schedule_arg(text: str) -> Any:
     if text in SCHEDULES:
         return text
     path = Path(text)
+    looks_like_file = path.suffix.lower() in (".json", ".yaml", ".yml") or any(
+        sep in text for sep in ("/", "\\")
+    )
+    if looks_like_file and not path.is_file():
+        raise InputError(
+            f"schedule file {text!r} does not exist (or give a schedule name: "
+            f"{', '.join(SCHEDULES)})",
+            field="--schedule",
+        )
     if not path.is_file():
         raise InputError(
             f"unknown schedule {text!r}; expected one of {', '.join(SCHEDULES)} or a schedule file",
@@ -95,6 +106,79 @@ def _int_list(text: str | None, flag: str) -> list[int]:
         ) from None
 
 
+def _plan_defaults(
+    plan_file: Path, *, profile: Path | None, topology: Path | None
+) -> dict[str, Any]:
+    """The plan's inputs and settings; its files are sha256-checked unless overridden."""
+    from planner.commands.show import plan_inputs
+    from planner.plan import Plan
+
+    plan = Plan.load(plan_file)
+    got = plan_inputs(plan, plan_file, profile=profile is None, topology=topology is None)
+    got.update(
+        plan=plan,
+        num_microbatches=plan.num_microbatches,
+        microbatch_size=plan.microbatch_size,
+    )
+    return got
+
+
+def _plan_microbatch_size(schedule: str) -> int | None:
+    """A plan given as ``--schedule``: its microbatch size (the one its order was made for)."""
+    path = Path(schedule)
+    if path.suffix.lower() not in (".json", ".yaml", ".yml") or not path.is_file():
+        return None
+    try:
+        data = _read_data(path, "--schedule")
+    except Exception:  # noqa: BLE001 - _schedule_arg reports a bad file properly
+        return None
+    size = data.get("microbatch_size") if isinstance(data, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _marked(stages: list[StageSpec], recompute: list[int]) -> list[StageSpec]:
+    """A copy of a plan's stages with ``--recompute`` ids switched on."""
+    from planner.errors import InputError
+    from planner.plan import StageSpec
+
+    out = [StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages]
+    for sid in recompute:
+        if not 0 <= sid < len(out):
+            raise InputError(f"stage {sid} does not exist", field="--recompute")
+        out[sid].recompute = True
+    return out
+
+
+def _plan_schedule(
+    base: dict[str, Any],
+    specs: list[StageSpec],
+    microbatches: int,
+    microbatch_size: int | None,
+    plan_file: Path,
+) -> Any:
+    """The plan's own op order, or (stages or microbatches overridden) its schedule rebuilt."""
+    from planner.errors import InputError
+    from planner.schedule import SCHEDULES
+
+    plan = base["plan"]
+    same = (
+        [s.to_dict() for s in specs] == [s.to_dict() for s in plan.stages]
+        and microbatches == plan.num_microbatches
+        and microbatch_size == plan.microbatch_size
+    )
+    if same:
+        return base["schedule"]
+    name = base["schedule"].name
+    if name not in SCHEDULES:
+        raise InputError(
+            f"the plan's schedule {name!r} is an explicit order that cannot be rebuilt for "
+            "other stages or microbatches; give --schedule",
+            file=str(plan_file),
+            field="schedule.name",
+        )
+    return name
+
+
 def write_pictures(
     result: Any,
     stages: list[StageSpec],
@@ -122,8 +206,11 @@ def write_pictures(
 
 
 def simulate_command(
-    profile: Path = typer.Option(
-        ..., "--profile", help="Profile JSON (from `pipeplan profile`).", show_default=False
+    profile: Path | None = typer.Option(
+        None,
+        "--profile",
+        help="Profile JSON (from `pipeplan profile`); default with --plan: the plan's.",
+        show_default=False,
     ),
     topology: Path | None = typer.Option(
         None,
@@ -131,25 +218,35 @@ def simulate_command(
         help="Topology YAML; without it communication is free and device names are free.",
         show_default=False,
     ),
-    stages: str = typer.Option(
-        ...,
+    stages: str | None = typer.Option(
+        None,
         "--stages",
         help='Partition: "0-3:gpu0,gpu1;4-7:gpu2" (layers first-last inclusive, then the '
-        "devices; several devices = data-parallel replicas) or a JSON/YAML stages file.",
+        "devices; several devices = data-parallel replicas) or a JSON/YAML stages file; "
+        "default with --plan: the plan's.",
         show_default=False,
     ),
-    schedule: str = typer.Option(
-        "1f1b",
+    schedule: str | None = typer.Option(
+        None,
         "--schedule",
         help="gpipe, 1f1b, interleaved, zb, 2bw or optimized; or a JSON/YAML file with an "
-        "explicit per-device op order (a schedule object, or a plan holding one).",
+        "explicit per-device op order (a schedule object, or a plan holding one). Default "
+        "1f1b; with --plan the plan's own op order.",
+        show_default=False,
     ),
-    microbatches: int = typer.Option(8, "--microbatches", "-m", help="Microbatches per iteration."),
+    microbatches: int | None = typer.Option(
+        None,
+        "--microbatches",
+        "-m",
+        help="Microbatches per iteration (default 8; with --plan the plan's).",
+        show_default=False,
+    ),
     microbatch_size: int | None = typer.Option(
         None,
         "--microbatch-size",
         "-b",
-        help="Microbatch size (a profiled size; default the smallest).",
+        help="Microbatch size (a profiled size; default the plan's with --plan or a plan "
+        "given as --schedule, else the smallest profiled).",
         show_default=False,
     ),
     recompute: str | None = typer.Option(
@@ -179,6 +276,14 @@ def simulate_command(
     trace: Path | None = typer.Option(
         None, "--trace", help="Write a Chrome/Perfetto trace JSON.", show_default=False
     ),
+    plan_file: Path | None = typer.Option(
+        None,
+        "--plan",
+        help="Evaluate an existing plan.json: profile, topology, stages, schedule and "
+        "microbatches come from it (refused if its profile or topology changed); flags "
+        "given explicitly override them.",
+        show_default=False,
+    ),
     no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the terminal Gantt chart."),
     as_json: bool = typer.Option(False, "--json", help="Print the predictions as JSON."),
 ) -> None:
@@ -187,8 +292,9 @@ def simulate_command(
     Prints a table and a terminal Gantt chart; -o writes a plan.json (solver method
     "manual") that `pipeplan show` and `pipeplan run` accept.
 
-    Example: pipeplan simulate --profile profiles/mlp.json --topology
-    topologies/nvlink.yaml --stages "0-3:gpu0;4-7:gpu1" --schedule 1f1b --microbatches 8
+    Example: pipeplan simulate --profile profiles/mlp.json --stages "0-2:gpu0;3-5:gpu1" -m 8
+
+    Example: pipeplan simulate --plan plan.json --schedule zb
     """
     from planner.errors import InputError
     from planner.fileio import check_output_path
@@ -198,20 +304,56 @@ def simulate_command(
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         if path is not None:
             check_output_path(path, field=flag)
+    base: dict[str, Any] = {}
+    if plan_file is not None:
+        base = _plan_defaults(plan_file, profile=profile, topology=topology)
+    elif schedule is not None:
+        base = {"microbatch_size": _plan_microbatch_size(schedule)}
+    if microbatches is None:
+        microbatches = base.get("num_microbatches", 8)
+    if microbatch_size is None:
+        microbatch_size = base.get("microbatch_size")
+    if step_ms is None:
+        step_ms = base.get("step_ms")
     if microbatches < 1:
         raise InputError(f"expected a positive integer, got {microbatches}", field="--microbatches")
-    specs = load_stages_arg(stages, _int_list(recompute, "--recompute"))
-    prof = load_profile(profile)
-    topo = None
+    if virtual_stages < 1:
+        raise InputError(
+            f"expected an integer >= 1, got {virtual_stages}", field="--virtual-stages"
+        )
+    if step_ms is not None and not (math.isfinite(step_ms) and step_ms >= 0):
+        raise InputError(f"expected a finite number >= 0, got {step_ms}", field="--step-ms")
+    marks = _int_list(recompute, "--recompute")
+    if stages is not None:
+        specs = load_stages_arg(stages, marks)
+    elif plan_file is not None:
+        specs = _marked(base["plan"].stages, marks)
+    else:
+        raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
+    if profile is not None:
+        prof = load_profile(profile)
+    elif plan_file is not None:
+        prof, profile = base["profile"], base["profile_path"]
+    else:
+        raise InputError("missing: give a profile (or --plan plan.json)", field="--profile")
+    topo = base.get("topology")
     if topology is not None:
         from planner.topology import load_topology
 
         topo = load_topology(topology)
+    elif plan_file is not None:
+        topology = base["topology_path"]
+    if schedule is not None:
+        chosen: Any = _schedule_arg(schedule)
+    elif plan_file is not None:
+        chosen = _plan_schedule(base, specs, microbatches, microbatch_size, plan_file)
+    else:
+        chosen = "1f1b"
     result = simulate(
         prof,
         topo,
         specs,
-        _schedule_arg(schedule),
+        chosen,
         microbatches,
         microbatch_size,
         virtual_stages=virtual_stages,

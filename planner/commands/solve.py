@@ -68,7 +68,7 @@ def solve_command(
     from planner.solve import solve
     from planner.topology import load_topology
 
-    check_output_path(output)
+    check_output_path(output, field="-o")
     prof = load_profile(profile)
     topo = load_topology(topology)
     plan = solve(
@@ -148,7 +148,12 @@ def print_plan(
         f"Predicted iteration: {it:.3f} ms  ({pred.get('samples_per_s', 0.0):.1f} samples/s, "
         f"bubble {100.0 * pred.get('bubble_fraction', 0.0):.1f}%)"
     )
-    console.print(f"Lower bound: {lb:.3f} ms  (gap {gap})")
+    console.print(f"Lower bound: {lb:.3f} ms  (this plan; gap {gap})")
+    glb = pred.get("global_lower_bound_ms")
+    if isinstance(glb, int | float) and glb > 0:
+        console.print(
+            f"Global lower bound: {glb:.3f} ms  (any plan; gap {100.0 * (it / glb - 1):.1f}%)"
+        )
     solver = plan.solver
     ilp = solver.get("ilp")
     line = f"Solver: {solver.get('method')}, {solver.get('status')}, {solver.get('seconds')} s"

@@ -232,7 +232,7 @@ def detect(
     from planner.units import parse_bytes
 
     if output is not None:
-        check_output_path(output)
+        check_output_path(output, field="-o")
     if not (speed > 0 and math.isfinite(speed)):
         raise InputError(f"expected a positive number; got {speed}", field="--speed")
     memory_bytes = None

@@ -583,7 +583,7 @@ def _prepare(user: UserModel, size: int, settings: _Settings, split_at: str | No
     # One full step also warms up the allocator and kernels before anything is timed.
     user.loss(outputs, targets).backward()
     model.zero_grad(set_to_none=True)
-    split = split_model(model, len(inputs), split_at)
+    split = split_model(model, len(inputs), split_at, source=user.path)
     return split, model
 
 

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "LayerTiming",
     "Measurement",
     "Profile",
+    "as_profile",
     "load_profile",
     "profile_from_dict",
 ]
@@ -231,6 +233,8 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         _measurement(v, item, f"measurements[{k}]", len(layers))
         for k, item in enumerate(raw_measurements)
     ]
+    if not isinstance(data.get("meta") or {}, dict):
+        v.fail("meta", f"expected an object, got {data.get('meta')!r}")
     sizes = [m.microbatch_size for m in measurements]
     if len(set(sizes)) != len(sizes):
         v.fail("measurements", f"microbatch sizes repeat: {sizes}")
@@ -281,6 +285,12 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
         spread = t.get("spread") or {}
         if not isinstance(spread, dict):
             v.fail(f"{at}.spread", "expected an object")
+        for key, val in spread.items():
+            if not isinstance(val, list) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                for x in val
+            ):
+                v.fail(f"{at}.spread.{key}", f"expected a list of finite numbers, got {val!r}")
         layers.append(
             LayerTiming(
                 forward_ms=ms["forward_ms"],
@@ -326,8 +336,13 @@ class _Validator:
         if default is not None and isinstance(obj, dict) and key not in obj:
             return default
         value = self.get(obj, key, where)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            self.fail(f"{where}.{key}", f"expected a non-negative number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            self.fail(f"{where}.{key}", f"expected a finite non-negative number, got {value!r}")
         return float(value)
 
     def count(self, obj: Any, key: str, where: str, default: int | None = None) -> int:
@@ -339,3 +354,15 @@ class _Validator:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.fail(f"{where}.{key}", f"expected a non-negative integer, got {value!r}")
         return int(value)
+
+
+def as_profile(profile: Profile | str | os.PathLike[str]) -> Profile:
+    """A Profile, loading it first when given a path.
+
+    Example::
+
+        as_profile("profiles/gpt.json").num_layers
+    """
+    if isinstance(profile, str | os.PathLike):
+        return load_profile(profile)
+    return profile

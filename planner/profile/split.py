@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,20 +228,31 @@ class Stage(nn.Module):
         return values
 
 
-def split_model(model: nn.Module, num_inputs: int, split_at: str | None = None) -> SplitModel:
+def split_model(
+    model: nn.Module,
+    num_inputs: int,
+    split_at: str | None = None,
+    *,
+    source: str | os.PathLike[str] | None = None,
+) -> SplitModel:
     """Capture ``model``'s forward and cut it into layers (see the module docstring).
 
     ``num_inputs`` is how many positional inputs the model is called with; later parameters
-    of ``forward`` keep their defaults.
+    of ``forward`` keep their defaults. ``source`` (the model.py) is named in errors.
 
     Example::
 
         split = split_model(build_model(), num_inputs=1, split_at="blocks.*")
         split.names    # ['embed', 'blocks.0', ..., 'head']
     """
-    points = discover_split_points(model, split_at)
-    graph = _trace(model, points, num_inputs)
-    plan = _plan(graph, points)
+    try:
+        points = discover_split_points(model, split_at)
+        graph = _trace(model, points, num_inputs)
+        plan = _plan(graph, points)
+    except InputError as exc:
+        if exc.file is None and source is not None:
+            raise InputError(exc.message, file=str(source), field=exc.field) from None
+        raise
     layers = [
         _build_layer(model, graph, plan, k, k == len(plan.names) - 1)
         for k in range(len(plan.names))

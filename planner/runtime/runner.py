@@ -30,7 +30,58 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.runtime.report import RunReport, build_report
 
-__all__ = ["check_plan", "prepare_run", "run_plan"]
+__all__ = ["check_plan", "check_run_options", "prepare_run", "run_plan"]
+
+
+def check_run_options(
+    *,
+    steps: int,
+    warmup: int,
+    timeout_s: float,
+    threads: int | None,
+    lr: float | None,
+    cli: bool = False,
+) -> None:
+    """Refuse run settings that could only fail after the processes start.
+
+    ``cli`` names the fields by their command-line flags (``--timeout``) instead of the
+    Python parameters (``timeout_s``).
+
+    Example::
+
+        check_run_options(steps=5, warmup=1, timeout_s=300.0, threads=None, lr=1e-3)
+    """
+    import math
+
+    def name(param: str, flag: str) -> str:
+        return flag if cli else param
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError(f"expected an integer >= 1, got {steps!r}", field=name("steps", "--steps"))
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise InputError(
+            f"expected an integer >= 0, got {warmup!r}", field=name("warmup", "--warmup")
+        )
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not math.isfinite(timeout_s)
+        or timeout_s <= 0
+    ):
+        raise InputError(
+            f"expected a finite number of seconds > 0, got {timeout_s!r}",
+            field=name("timeout_s", "--timeout"),
+        )
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise InputError(
+            f"expected an integer >= 1, got {threads!r}", field=name("threads", "--threads")
+        )
+    if lr is not None and (
+        isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0
+    ):
+        raise InputError(f"expected a finite number > 0, got {lr!r}", field=name("lr", "--lr"))
 
 
 def _find_profile(plan: Plan, plan_source: str | None) -> Path | None:
@@ -123,7 +174,7 @@ def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], p
     torch.manual_seed(0)
     model = user.build()
     inputs, _ = user.batch(plan.microbatch_size)
-    split = split_model(model, len(inputs), settings.get("split_at"))
+    split = split_model(model, len(inputs), settings.get("split_at"), source=model_path)
     names = settings.get("layer_names")
     if names is not None and list(split.names) != list(names):
         raise InputError(
@@ -260,8 +311,7 @@ def run_plan(
 
     from planner.runtime.launch import launch_local
 
-    if steps < 1 or warmup < 0:
-        raise InputError("expected --steps >= 1 and --warmup >= 0", field="--steps")
+    check_run_options(steps=steps, warmup=warmup, timeout_s=timeout_s, threads=threads, lr=lr)
     plan_source = str(plan) if not isinstance(plan, Plan) else None
     plan, settings, placement = prepare_run(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source

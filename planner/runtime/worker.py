@@ -173,7 +173,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     model = user.build()
     model.train()
     sample_inputs, _ = user.batch(mbs)
-    split = split_model(model, len(sample_inputs), config.get("split_at"))
+    split = split_model(model, len(sample_inputs), config.get("split_at"), source=config["model"])
     specs = cut_specs(split, plan.stages, sample_inputs)
     names = {id(p): n for n, p in model.named_parameters()}
 
