@@ -15,10 +15,12 @@ where every transfer reserves links.
 Run::
 
     .venv/bin/python bench/simulate_speed.py          # table + bench/results/simulate_speed.json
+    .venv/bin/python bench/simulate_speed.py --quick  # the two smallest shapes, one repeat
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -48,12 +50,18 @@ def _best(fn: Any, repeats: int = REPEATS, clock: Any = time.perf_counter) -> fl
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two smallest shapes, one repeat")
+    args = parser.parse_args()
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    repeats = 1 if args.quick else REPEATS
+    best = functools.partial(_best, repeats=repeats)
     rows: list[dict[str, Any]] = []
     print(
         f"{'stages':>6} {'mbs':>5} {'schedule':>8} {'comm':>8} {'actions':>8} "
         f"{'cold s':>7} {'warm s':>7} {'lean s':>7} {'cpu s':>7} {'iteration ms':>13}"
     )
-    for p, m in SHAPES:
+    for p, m in shapes:
         prof = synthetic_profile(p, output_bytes=1 << 20)
         for comm in ("free", "topology"):
             topo = (
@@ -62,12 +70,12 @@ def main() -> None:
             stages = [StageSpec(i, (i, i), [f"gpu{i}"]) for i in range(p)]
             for name in SCHEDULES:
                 call = functools.partial(simulate, prof, topo, stages, name, m)
-                cold_s = _best(lambda call=call: (_validated_order.cache_clear(), call()))
+                cold_s = best(lambda call=call: (_validated_order.cache_clear(), call()))
                 result = call()
-                warm_s = _best(call)
-                lean_s = _best(functools.partial(call, events=False))
+                warm_s = best(call)
+                lean_s = best(functools.partial(call, events=False))
                 # CPU time of the warm call: less sensitive to other jobs on a shared VM.
-                cpu_s = _best(call, clock=time.process_time)
+                cpu_s = best(call, clock=time.process_time)
                 actions = sum(len(a) for a in result.schedule.devices.values())
                 row = {
                     "stages": p,
@@ -92,7 +100,8 @@ def main() -> None:
         json.dumps(
             {
                 "machine": f"{platform.machine()}, {platform.python_version()}",
-                "repeats": REPEATS,
+                "repeats": repeats,
+                "quick": args.quick,
                 "load_average": list(os.getloadavg()),
                 "rows": rows,
             },
