@@ -88,12 +88,6 @@ def solve_command(
     print_plan(plan, [layer.name for layer in prof.layers], output=output)
 
 
-def _fmt_bytes(n: float) -> str:
-    from planner.units import format_bytes
-
-    return str(format_bytes(n))
-
-
 def print_plan(
     plan: Plan,
     layer_names: list[str],
@@ -109,6 +103,8 @@ def print_plan(
     """
     from rich.console import Console
     from rich.table import Table
+
+    from planner.units import format_bytes
 
     console = console or Console(highlight=False)
     pred: dict[str, Any] = plan.predicted
@@ -138,7 +134,7 @@ def print_plan(
     for dev, used in pred.get("memory_bytes", {}).items():
         limit = limits.get(dev, 0)
         share = f"{100.0 * used / limit:.0f}%" if limit else "-"
-        mem.add_row(dev, _fmt_bytes(used), _fmt_bytes(limit), share)
+        mem.add_row(dev, format_bytes(used), format_bytes(limit), share)
     console.print(mem)
 
     it = pred.get("iteration_ms", 0.0)

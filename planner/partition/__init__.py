@@ -24,7 +24,19 @@ from planner.partition.baselines import (
     uniform_partition,
 )
 
+# The solver's own partitioners (exact chain DP, joint partition + mapping ILP).
+from planner.partition.dp import (
+    ChainPartition,
+    LayerCosts,
+    Slot,
+    layer_costs,
+    partition_chain,
+    partition_chain_depths,
+)
+from planner.partition.ilp import IlpResult, solve_ilp
+
 __all__ = [
+    # baselines: what other systems do
     "Level",
     "PipeDreamPlan",
     "block_partition",
@@ -37,20 +49,7 @@ __all__ = [
     "ranges_from_bounds",
     "time_balanced_partition",
     "uniform_partition",
-]
-
-# The solver's own partitioners (exact chain DP, joint partition + mapping ILP).
-from planner.partition.dp import (  # noqa: E402
-    ChainPartition,
-    LayerCosts,
-    Slot,
-    layer_costs,
-    partition_chain,
-    partition_chain_depths,
-)
-from planner.partition.ilp import IlpResult, solve_ilp  # noqa: E402
-
-__all__ += [
+    # the solver's own
     "ChainPartition",
     "IlpResult",
     "LayerCosts",
