@@ -173,3 +173,24 @@ def test_a_layer_with_an_unused_parameter_is_measured() -> None:
 
     timing, _ = measure_layer(Unused(), (torch.randn(3, 4),), repeat=2, warmup=1)
     assert timing.backward_ms > 0 and timing.backward_weight_ms > 0
+
+
+def test_timed_runs_go_round_robin_over_layers_and_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run r of every (layer, size) comes before run r + 1 of any: a slow spell of the
+    machine then falls on a few runs of each size, not on all runs of one."""
+    from planner.profile import measure
+
+    calls: list[tuple[int, int]] = []  # (microbatch size, layer) of each timed or warm-up run
+    real_once = measure._Runner.once
+
+    def once(self: measure._Runner) -> tuple[float, float, float, float]:
+        calls.append((self.leaves[0].shape[0], id(self.layer)))
+        return real_once(self)
+
+    monkeypatch.setattr(measure._Runner, "once", once)
+    profile = profile_model(SKIP, [1, 3], repeat=3, warmup=1)
+    runners = 2 * profile.num_layers
+    assert len(calls) == (1 + 3) * runners
+    rounds = [calls[r * runners : (r + 1) * runners] for r in range(4)]
+    assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # each round covers everything
+    assert {size for size, _ in rounds[0]} == {1, 3}

@@ -1,7 +1,8 @@
 """Measuring each layer of a split model: times, activation sizes, parameter and state sizes.
 
 For every microbatch size the layers run one after another on the real sample batch; each
-layer is measured in isolation on the (detached) values that cross the cut before it:
+layer is measured in isolation on the (detached) values that cross the cut before it
+(the timed runs go round robin over all layers and sizes):
 
 - ``forward_ms``: the layer's forward with autograd recording (the last layer includes the loss);
 - ``backward_ms``: gradients w.r.t. its floating inputs and its parameters together;
@@ -187,17 +188,28 @@ def profile_model(
             )
             for name, ps in zip(split.names, params, strict=True)
         ]
-        total = len(sizes) * settings.repeat
-        measurements = []
-        for k, size in enumerate(sizes):
-            measurement, runners = _measure_size(
-                user, split, size, settings, progress, k * settings.repeat, total
+        prepared = [_prepare_size(user, split, size, settings) for size in sizes]
+
+        def after_repeat(r: int) -> None:
+            if progress is not None:
+                progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
+
+        # Every size and layer in one round robin: the machine's slow spells (seconds long on
+        # a shared VM) then fall on a few samples of each, not on all samples of one size.
+        everything = [run for size in prepared for run in size.runners]
+        samples = iter(_time_runners(everything, settings, after_repeat))
+        measurements = [
+            Measurement(
+                size.size,
+                size.input_bytes,
+                [_timing(next(samples), *facts) for facts in size.facts],
             )
-            measurements.append(measurement)
-            if k == 0:  # the step does not depend on the microbatch size: time it once
-                steps = _time_optimizer(runners, optimizer, settings)
-                for layer, ms in zip(layers, steps, strict=True):
-                    layer.optimizer_ms = ms
+            for size in prepared
+        ]
+        # The step does not depend on the microbatch size: time it once.
+        steps = _time_optimizer(prepared[0].runners, optimizer, settings)
+        for layer, ms in zip(layers, steps, strict=True):
+            layer.optimizer_ms = ms
     finally:
         torch.set_num_threads(old_threads)
     return Profile(
@@ -240,15 +252,17 @@ def measure_layer(
     return _measure(layer, values, settings, loss)
 
 
-def _measure_size(
-    user: UserModel,
-    split: Any,
-    size: int,
-    settings: _Settings,
-    progress: ProgressFn | None,
-    done: int,
-    total: int,
-) -> tuple[Measurement, list[_Runner]]:
+@dataclass
+class _PreparedSize:
+    """One microbatch size, ready to time: a runner per layer and what one untimed pass saw."""
+
+    size: int
+    input_bytes: int
+    runners: list[_Runner]
+    facts: list[tuple[int, int, int]]  # per layer: output, saved and workspace bytes
+
+
+def _prepare_size(user: UserModel, split: Any, size: int, settings: _Settings) -> _PreparedSize:
     from planner.profile.split import tensor_bytes
 
     inputs, targets = user.batch(size)
@@ -265,15 +279,7 @@ def _measure_size(
         facts.append((tensor_bytes(outputs), saved, workspace))
         values = _detach(outputs)
         runners.append(run)
-
-    def after_repeat(r: int) -> None:
-        if progress is not None:
-            progress(done + r + 1, total, f"b={size} repeat {r + 1}/{settings.repeat}")
-
-    samples = _time_runners(runners, settings, after_repeat)
-    timings = [_timing(samples[k], *facts[k]) for k in range(split.num_layers)]
-    measurement = Measurement(size, tensor_bytes(inputs), timings)
-    return measurement, runners
+    return _PreparedSize(size, tensor_bytes(inputs), runners, facts)
 
 
 def _time_optimizer(runners: Sequence[_Runner], optimizer: str, settings: _Settings) -> list[float]:
