@@ -194,3 +194,20 @@ def test_timed_runs_go_round_robin_over_layers_and_sizes(monkeypatch: pytest.Mon
     rounds = [calls[r * runners : (r + 1) * runners] for r in range(4)]
     assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # each round covers everything
     assert {size for size, _ in rounds[0]} == {1, 3}
+
+
+def test_backward_adds_into_the_parameters_grad_as_training_does() -> None:
+    """The runtime accumulates a step's microbatch gradients in ``.grad``; the profile's
+    backward must pay for that addition too: every timed (and warm-up) whole backward and
+    weight half adds one gradient to the parameters' ``.grad``."""
+    import copy
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3)
+    reference = copy.deepcopy(layer)
+    x = torch.randn(2, 4)
+    torch.autograd.backward(reference(x), torch.full((2, 3), 0.5))  # the profiler's out-grad
+    measure_layer(layer, (x,), repeat=3, warmup=1)
+    # (1 warm-up + 3 timed runs) x (whole backward + weight half)
+    assert layer.weight.grad is not None and reference.weight.grad is not None
+    torch.testing.assert_close(layer.weight.grad, 8 * reference.weight.grad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -132,3 +134,16 @@ def test_zero_bubble_i_and_w_split_as_the_cost_model_charges(
     assert all(after_i) != w_has_work
     stage.backward_weight(0)  # type: ignore[attr-defined]
     assert all(p.grad is not None for p in stage.params)  # type: ignore[attr-defined]
+
+
+def test_worker_env_keeps_freed_memory_unless_the_user_chose_otherwise() -> None:
+    import sys
+
+    from planner.runtime.launch import MALLOC_TUNABLES, worker_env
+
+    env = worker_env({"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/elsewhere")
+    if sys.platform.startswith("linux"):
+        assert env["GLIBC_TUNABLES"] == MALLOC_TUNABLES
+    mine = worker_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=1"})
+    assert mine["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=1"

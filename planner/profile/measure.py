@@ -5,7 +5,8 @@ layer is measured in isolation on the (detached) values that cross the cut befor
 (the timed runs go round robin over all layers and sizes):
 
 - ``forward_ms``: the layer's forward with autograd recording (the last layer includes the loss);
-- ``backward_ms``: gradients w.r.t. its floating inputs and its parameters together;
+- ``backward_ms``: gradients w.r.t. its floating inputs and its parameters together, the
+  parameters' added into their ``.grad`` as in training (gradient accumulation);
 - ``backward_input_ms`` / ``backward_weight_ms``: the same graph, gradients w.r.t. the inputs
   only, then w.r.t. the parameters only (the two halves zero-bubble schedules separate);
 - ``saved_bytes``: distinct storages autograd keeps for the backward (saved-tensor hooks),
@@ -466,12 +467,12 @@ class _Runner:
 
         (out, roots), fwd = self._timed(self.forward)
         grads = None if self.loss is not None else self.grads
-        whole = self._grad(roots, self.grad_inputs + self.params, grads, retain=True)
+        whole = self._backward_into_grads(roots, self.grad_inputs + self.params, grads)
         if self.split_halves:
             half_in, half_w = self._split_backward(roots, grads)
         else:  # one half is empty: the other is the whole backward
             half_in = self._grad(roots, self.grad_inputs, grads, retain=True)
-            half_w = self._grad(roots, self.params, grads, retain=False)
+            half_w = self._backward_into_grads(roots, self.params, grads)
         del out, roots
         if self.settings.device.type == "cuda":
             torch.cuda.synchronize(self.settings.device)
@@ -489,7 +490,7 @@ class _Runner:
             lambda: backward_input(roots, grads, self.grad_inputs, iter(self.params))
         )
         _, half_w = self._timed(lambda: backward_weight(iter(self.params), groups))
-        for t in (*self.grad_inputs, *self.params):
+        for t in self.grad_inputs:  # the parameters keep theirs: see _backward_into_grads
             t.grad = None
         return half_in, half_w
 
@@ -524,8 +525,8 @@ class _Runner:
                 # torch's split backward cannot handle this layer (a parameter the forward
                 # never reaches, say): time the halves with plain autograd.grad instead.
                 self.split_halves = False
-                for t in (*self.grad_inputs, *self.params):
-                    t.grad = None
+        for t in (*self.grad_inputs, *self.params):  # the untimed pass leaves no gradients
+            t.grad = None
         saved = sum(storages.values())
         workspace = 0
         if cuda:
@@ -533,6 +534,24 @@ class _Runner:
             peak = torch.cuda.max_memory_allocated(self.settings.device) - base
             workspace = max(0, peak - saved - _tensor_bytes(out))
         return out, saved, workspace
+
+    def _backward_into_grads(self, roots: list[Any], wrt: list[Any], grads: Any) -> float:
+        """A backward as the runtime runs it: the parameters' gradients are *added* to their
+        ``.grad`` (kept from the previous run, as gradients accumulate over a step's
+        microbatches), the inputs' are fresh (a new microbatch each time). For a layer with
+        large weights and little compute the addition is a real part of the cost."""
+        import torch
+
+        if not roots or not wrt:
+            return 0.0
+        for t in self.grad_inputs:
+            t.grad = None
+
+        def backward() -> None:
+            torch.autograd.backward(roots, grads, retain_graph=True, inputs=wrt)
+
+        _, ms = self._timed(backward)
+        return ms
 
     def _grad(self, roots: list[Any], wrt: list[Any], grads: Any, *, retain: bool) -> float:
         import torch
