@@ -1,7 +1,8 @@
 """Prediction accuracy: measured / predicted iteration time of plans for the bundled examples.
 
-For each example model (``examples/*.py``) the profile in ``profiles/`` (re-measured into a
-temporary file when it no longer matches the source) is solved for a 2-process version of
+For each example model (``examples/*.py``) a profile measured just before (at the
+microbatch sizes of the committed one; ``--stored-profiles``: the committed profile in
+``profiles/``) is solved for a 2-process version of
 ``topologies/cpu.yaml`` (2 processes on this 2-core machine, one thread each, as profiled;
 the 4-process topology would oversubscribe the cores) -- row ``solved`` -- and, because
 the solver picks data parallelism for these small models, also the best 2-stage 1F1B
@@ -10,7 +11,7 @@ pipeline by the simulator -- row ``pipeline``; each plan is run with
 within 15% on CPU). With ``--device cuda`` the same is done on the local GPUs with a
 profile measured there (target within 10%); the device is named in the results.
 
-The simulator does not model the optimizer step (``step_ms`` is 0 in plans), so the
+The prediction includes the optimizer step (the profile's per-layer ``optimizer_ms``); the
 table also shows the ratio without the measured optimizer step (``ratio_no_step``), and
 ``compute`` = how much slower the stages' own forward/backward ran inside the run than the
 profile says (the largest stage ratio of ``run --calibrate``): when it is close to the
@@ -20,7 +21,8 @@ Run::
 
     .venv/bin/python bench/prediction.py                 # table + bench/results/prediction.json
     .venv/bin/python bench/prediction.py --models mlp --steps 5
-    .venv/bin/python bench/prediction.py --quick         # mlp, 3 steps
+    .venv/bin/python bench/prediction.py --quick         # mlp, 3 steps, committed profile
+    .venv/bin/python bench/prediction.py --stored-profiles
 """
 
 from __future__ import annotations
@@ -47,20 +49,25 @@ links:
 """
 
 
-def _profile(name: str, device: str, tmp: Path) -> Path:
+def _profile(name: str, device: str, tmp: Path, fresh: bool = True) -> Path:
+    """The example's profile: measured now (``fresh``, the default: a user profiles, solves
+    and runs on the machine as it is now) at the committed profile's microbatch sizes, or
+    the committed one in ``profiles/`` where it still matches the source."""
     from planner.fileio import sha256_file
     from planner.profile.measure import profile_model
     from planner.profile.schema import load_profile
 
     source = ROOT / "examples" / f"{name}.py"
     stored = ROOT / "profiles" / f"{name}.json"
+    sizes = [4, 8, 16]
     if device == "cpu" and stored.exists():
         prof = load_profile(stored)
-        if prof.source_sha256 == sha256_file(source):
+        sizes = [m.microbatch_size for m in prof.measurements]
+        if prof.source_sha256 == sha256_file(source) and not fresh:
             return stored
-    fresh = profile_model(source, [4, 8, 16], device=device, repeat=5, warmup=2)
+    measured = profile_model(source, sizes, device=device, repeat=5, warmup=2)
     out = tmp / f"{name}.json"
-    fresh.save(out)
+    measured.save(out)
     return out
 
 
@@ -94,14 +101,16 @@ def _pipeline_plan(profile_path: Path, topo_path: Path, mbs: int):  # type: igno
 
 
 def bench_model(
-    name: str, device: str, steps: int, tmp: Path, kind: str = "solved"
+    name: str, device: str, steps: int, tmp: Path, kind: str = "solved", fresh: bool = True
 ) -> dict[str, object]:
     from planner.profile.schema import load_profile
     from planner.runtime import run_plan
     from planner.solve import solve
     from planner.topology import load_topology
 
-    profile_path = _profile(name, device, tmp)
+    profile_path = tmp / f"{name}.json"
+    if kind == "solved" or not profile_path.exists():  # both plans of a model: one profile
+        profile_path = _profile(name, device, tmp, fresh)
     topo_path = tmp / "cpu2.yaml"
     topo_path.write_text(CPU2)
     plan = solve(
@@ -154,14 +163,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
     ap.add_argument("--quick", action="store_true", help="the mlp example, 3 steps")
+    ap.add_argument(
+        "--stored-profiles",
+        action="store_true",
+        help="use the committed profiles/ (default: profile each model first, as a user would)",
+    )
     args = ap.parse_args()
     if args.quick:
-        args.models, args.steps = "mlp", 3
+        args.models, args.steps, args.stored_profiles = "mlp", 3, True
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             for kind in ("solved", "pipeline"):
-                rows.append(bench_model(name, args.device, args.steps, Path(tmp), kind))
+                fresh = not args.stored_profiles
+                rows.append(bench_model(name, args.device, args.steps, Path(tmp), kind, fresh))
     head = f"{'model':<6} {'plan':<24} {'pred ms':>9} {'meas ms':>9} {'ratio':>6} {'w/o step':>9}"
     print(head + f" {'compute':>8}")
     for r in rows:

@@ -8,6 +8,8 @@ optimizer (SGD) and data, on 2 CPU processes with one thread each over gloo:
 * torch: ``ScheduleGPipe`` / ``Schedule1F1B`` on a manual ``PipelineStage`` per process,
   the stage module being the same ``SplitModel.stage(first, last)``.
 
+Both sides' processes start with the same environment (``planner.runtime.launch.worker_env``:
+the glibc malloc settings pipeplan's launcher uses), so the comparison is of the executors.
 Each side is timed per step as the slowest rank's time from a barrier to the end of its
 step (optimizer included); medians over the measured steps. The sides alternate over
 several rounds in one invocation, so machine load hits both alike. Throughput ratio =
@@ -76,7 +78,7 @@ def run_pipeplan(schedule: str, steps: int, warmup: int) -> dict[str, float]:
 
 
 def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
-    from planner.runtime.launch import free_port
+    from planner.runtime.launch import free_port, worker_env
 
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -93,7 +95,7 @@ def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
                     str(warmup),
                     tmp,
                 ],
-                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                env=worker_env(),  # what pipeplan's workers get, allocator settings included
             )  # fmt: skip
             for rank in range(2)
         ]
