@@ -44,6 +44,29 @@ def profile_once(model: Path, sizes: str, output: Path, extra: list[str]) -> flo
     return time.perf_counter() - started
 
 
+def machine_ms(seconds: float = 0.5) -> float:
+    """The machine's speed now: median thread CPU ms of a fixed one-thread matmul.
+
+    Taken before and after every profile, it shows whether two profiles that differ ran on
+    a machine that was itself slower or faster (a shared VM has slow spells of seconds).
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 1024), torch.randn(1024, 512)
+    samples: list[float] = []
+    end = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < end or len(samples) < 5:
+            t0 = time.thread_time()
+            torch.mm(a, b)
+            samples.append((time.thread_time() - t0) * 1e3)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(samples)
+
+
 def compare(a: Profile, b: Profile, threshold_ms: float = 1.0) -> list[dict[str, Any]]:
     """Per layer, size and field over ``threshold_ms``: both medians and their difference."""
     rows = []
@@ -83,10 +106,13 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     seconds: list[float] = []
     profiles: list[Profile] = []
+    reference: list[tuple[float, float]] = []  # machine_ms() before and after each profile
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(max(2, args.runs)):
             path = Path(tmp) / f"run{run}.json"
+            before = machine_ms()
             seconds.append(profile_once(args.model, args.sizes, path, args.extra.split()))
+            reference.append((before, machine_ms()))
             profiles.append(load_profile(path))
     rows = compare(profiles[0], profiles[1])
     worst = max((r["difference"] for r in rows), default=0.0)
@@ -104,9 +130,9 @@ def main() -> None:
         )
 
     print(f"pipeplan profile {args.model.name} -b {args.sizes}: {len(profiles)} runs")
-    print(f"{'run':>4} {'wall s':>8}")
+    print(f"{'run':>4} {'wall s':>8} {'machine ms before/after':>24}")
     for i, s in enumerate(seconds):
-        print(f"{i:>4} {s:>8.1f}")
+        print(f"{i:>4} {s:>8.1f} {reference[i][0]:>11.3f} {reference[i][1]:>11.3f}")
     print(f"median wall seconds: {statistics.median(seconds):.1f} (target < 60)")
     print()
     print(f"{'layer':<12} {'b':>3} {'field':<12} {'run 0 ms':>9} {'run 1 ms':>9} {'diff':>7}")
@@ -134,6 +160,10 @@ def main() -> None:
         "torch_threads": profiles[0].meta.get("threads"),
         "clock": profiles[0].meta.get("clock"),
         "wall_seconds": [round(s, 2) for s in seconds],
+        "machine_reference_ms": {
+            "what": "median thread ms of a 256x1024 @ 1024x512 matmul, 1 thread",
+            "before_after_each_run": [[round(x, 4) for x in pair] for pair in reference],
+        },
         "median_wall_seconds": round(statistics.median(seconds), 2),
         "repeatability": {
             "compared": len(rows),

@@ -22,6 +22,13 @@ Memory per device over time = weights + gradients + optimizer state of its stage
 second weight version under 2bw) + the activations of the microbatches in flight, which
 are stashed when a forward starts and freed when the backward (or W) ends.
 
+How it is computed: the event loop in :func:`simulate_schedule` is the definition. Over
+a topology, schedules without all-reduces get the same numbers, bit for bit, from one
+pass in a fixed order (:func:`_run_in_order`: the reference run's order, cached per
+schedule shape, sorted by the reference times), which is several times faster for long
+no-flush streams; peaks and busy times follow from program order alone
+(:func:`_program_totals`).
+
 Example::
 
     result = simulate(profile, topology, stages, "1f1b", num_microbatches=8)
@@ -30,11 +37,16 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from functools import reduce
+from itertools import accumulate, chain
+from operator import add
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
 from planner.cost import (
     boundary_bytes,
@@ -85,6 +97,10 @@ STREAM_ITERATIONS = 4
 # pass after every device has run as far as it can, as the first versions did; the
 # results are the same, which a test checks with this switch).
 _START_AT_SEND = True
+# Over a topology, compute the times in one pass in a fixed order (_run_in_order) instead
+# of the event loop, where the schedule has no all-reduce; the results are the same,
+# which a test checks with this switch.
+_IN_ORDER = True
 
 
 class SimEvent(NamedTuple):
@@ -216,6 +232,32 @@ class SimResult:
         return out
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _pausing_gc(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` with the cyclic garbage collector paused (as it was before, after).
+
+    A long stream allocates hundreds of thousands of small tuples that form no cycles;
+    the collector would walk them again and again during the run, and paused it walks
+    them once, at its first collection afterwards (warm 64 x 512 2bw runs with events
+    measured about 0.04 s of collection per run instead of 0.15 s).
+    """
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run
+
+
 def _speed(topology: Topology | None, device: str) -> float:
     return 1.0 if topology is None else topology.device(device).speed
 
@@ -227,6 +269,7 @@ def _pick_microbatch_size(profile: Profile, microbatch_size: int | None) -> int:
     return microbatch_size
 
 
+@_pausing_gc
 def simulate(
     profile: Profile | str | os.PathLike[str],
     topology: Topology | str | os.PathLike[str] | None,
@@ -381,6 +424,7 @@ def _step_table(
     return {(st.id, d): given[st.id] for st in stages for d in st.devices}
 
 
+@_pausing_gc
 def simulate_schedule(
     profile: Profile,
     topology: Topology | None,
@@ -444,7 +488,8 @@ def simulate_schedule(
         )
         for i in range(len(stages))
     ]
-    programs = _compiled(schedule, stages, devices, total_mb)
+    shape = _compiled(schedule, stages, devices, total_mb)
+    programs, work = shape.programs, shape.work
     # Per device, the duration of each slot (stage * _SLOTS + code); per slot the memory
     # taken at its start and given back at its end.
     durations: list[list[float]] = []
@@ -462,9 +507,74 @@ def simulate_schedule(
         for code in range(4):
             grows[si * _SLOTS + code], shrinks[si * _SLOTS + code] = deltas[si][code]
 
+    def finish(
+        clock: list[float],
+        link_free: list[float],
+        raw_events: list[tuple[int, int, int, int, float, float]],
+        raw_transfers: list[tuple[int, int, int, int, float, float, int]],
+        mem: list[list[tuple[float, int]]],
+        levels: list[int],
+    ) -> SimResult:
+        makespan = max(clock, default=0.0)
+        makespan = max(makespan, max(link_free, default=0.0))
+        peak_list, busy = _program_totals(work, durations, grows, shrinks, levels_at_start)
+        peaks = dict(zip(devices, peak_list, strict=True))
+        timeline: dict[str, list[tuple[float, int]]] = {}
+        if events:
+            for i, d in enumerate(devices):
+                timeline[d] = [*mem[i], (makespan, levels[i])]
+        busy_ms = dict(zip(devices, busy, strict=True))
+        limits = (
+            {d: topology.device(d).memory_bytes for d in devices} if topology is not None else {}
+        )
+        return SimResult(
+            iteration_ms=makespan,
+            memory_bytes=peaks,
+            busy_ms=busy_ms,
+            bubble_fraction=_bubble(busy_ms, makespan),
+            lower_bound_ms=0.0,
+            staleness=None,
+            raw_events=raw_events,
+            device_names=devices,
+            schedule=schedule,
+            raw_transfers=raw_transfers,
+            memory_timeline=timeline,
+            memory_limit_bytes=limits,
+            static_bytes=static,
+            makespan_ms=makespan,
+            microbatch_size=microbatch_size,
+            num_microbatches=schedule.num_microbatches,
+            iterations=schedule.iterations,
+            step_ms=[max(steps[(st.id, d)] for d in st.devices) for st in stages],
+        )
+
     # Transfers are named by small integer keys (see _compile): flat lists indexed by key
     # hold their state, with -1 for "not yet".
     num_keys = 2 * len(stages) * total_mb
+    # The memory curve is tracked as the actions run: a device's allocations happen in
+    # time order.
+    levels = [static[d] for d in devices]
+    levels_at_start = list(levels)
+    mem: list[list[tuple[float, int]]] = [[(0.0, static[d])] for d in devices]
+    # Over a topology, the times can be computed in one pass in a fixed order (see
+    # _run_in_order): the same numbers as the event loop below, several times faster.
+    if topology is not None and _IN_ORDER:
+        order = shape.order(num_keys, total_mb, len(stages))
+        if order is not None:
+            run = _run_in_order(
+                order,
+                topology,
+                devices,
+                durations,
+                cut,
+                num_keys,
+                grows,
+                shrinks,
+                levels,
+                mem,
+                record=events,
+            )
+            return finish(*run)
     # Links: each directed link serves its transfers one at a time in a fixed order (see
     # _link_plan), so that times are monotone in every duration.
     route_of: list[Any] = []
@@ -482,7 +592,6 @@ def simulate_schedule(
 
     clock = [0.0] * num_dev
     pos = [0] * num_dev
-    busy = [0.0] * num_dev
     arrival = [-1.0] * num_keys  # when the data is at its receiver
     waiting = [-1] * num_keys  # the device blocked on receiving it
     # When its send ran; one more entry, never ready, for the key ending each link queue.
@@ -490,10 +599,6 @@ def simulate_schedule(
     pending: list[int] = []
     ar_seen = [dict[int, int]() for _ in range(num_dev)]
     ar_groups: dict[tuple[int, int], list[Any]] = {}
-    # Memory is tracked inline: a device's allocations happen in time order.
-    levels = [static[d] for d in devices]
-    peaks_now = list(levels)
-    mem: list[list[tuple[float, int]]] = [[(0.0, static[d])] for d in devices]
     raw_events: list[tuple[int, int, int, int, float, float]] = []
     raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
     free_comm = topology is None
@@ -550,11 +655,8 @@ def simulate_schedule(
             t = clock[di]
             dmem = mem[di]
             level = levels[di]
-            peak = peaks_now[di]
-            # Summed action by action in program order, whatever the device waited for.
-            worked = busy[di]
             while p < n:
-                code, s, k, slot, rkey, skey, sdst = prog[p]
+                code, s, k, slot, rkey, skey, _ = prog[p]
                 if rkey >= 0:
                     at = arrival[rkey]
                     if at < 0.0:
@@ -564,23 +666,20 @@ def simulate_schedule(
                         t = at
                 if code <= 3:
                     dur = dtab[slot]
-                    grow = grows[slot]
-                    if grow:
-                        level += grow
-                        if level > peak:
-                            peak = level
-                        if record:
-                            dmem.append((t, level))
-                    end = t + dur
-                    shrink = shrinks[slot]
-                    if shrink:
-                        level += shrink
-                        if record:
-                            dmem.append((end, level))
                     if record:
+                        # The memory curve; the peaks and busy times need no times and
+                        # are summed in program order afterwards (_program_totals).
+                        end = t + dur
+                        grow = grows[slot]
+                        if grow:
+                            level += grow
+                            dmem.append((t, level))
+                        shrink = shrinks[slot]
+                        if shrink:
+                            level += shrink
+                            dmem.append((end, level))
                         raw_events.append((di, code, s, k, t, end))
-                    worked += dur
-                    t = end
+                    t += dur
                 elif code == 8:
                     occ = ar_seen[di].get(s, 0)
                     group = ar_groups.setdefault((s, occ), [0, 0.0, []])
@@ -608,7 +707,6 @@ def simulate_schedule(
                     dur = dtab[slot]
                     if record and dur > 0:
                         raw_events.append((di, 9, s, -1, t, t + dur))
-                    worked += dur  # the optimizer step is work, not a bubble
                     t += dur
                 if skey >= 0:
                     if free_comm:
@@ -661,8 +759,6 @@ def simulate_schedule(
             pos[di] = p
             clock[di] = t
             levels[di] = level
-            peaks_now[di] = peak
-            busy[di] = worked
         if not pending:
             break
         launch(pending)
@@ -675,35 +771,7 @@ def simulate_schedule(
     if stuck:
         raise InputError("the schedule deadlocks: " + ", ".join(stuck[:4]), field="schedule")
 
-    makespan = max(clock, default=0.0)
-    makespan = max(makespan, max(link_free, default=0.0))
-    peaks = {d: peaks_now[i] for i, d in enumerate(devices)}
-    timeline: dict[str, list[tuple[float, int]]] = {}
-    if events:
-        for i, d in enumerate(devices):
-            timeline[d] = [*mem[i], (makespan, levels[i])]
-    busy_ms = {d: busy[i] for i, d in enumerate(devices)}
-    limits = {d: topology.device(d).memory_bytes for d in devices} if topology is not None else {}
-    return SimResult(
-        iteration_ms=makespan,
-        memory_bytes=peaks,
-        busy_ms=busy_ms,
-        bubble_fraction=_bubble(busy_ms, makespan),
-        lower_bound_ms=0.0,
-        staleness=None,
-        raw_events=raw_events,
-        device_names=devices,
-        schedule=schedule,
-        raw_transfers=raw_transfers,
-        memory_timeline=timeline,
-        memory_limit_bytes=limits,
-        static_bytes=static,
-        makespan_ms=makespan,
-        microbatch_size=microbatch_size,
-        num_microbatches=schedule.num_microbatches,
-        iterations=schedule.iterations,
-        step_ms=[max(steps[(st.id, d)] for d in st.devices) for st in stages],
-    )
+    return finish(clock, link_free, raw_events, raw_transfers, mem, levels)
 
 
 def _link_plan(
@@ -726,7 +794,8 @@ def _link_plan(
     the reference run is a valid execution in which every transfer is ready after
     everything it depends on. A transfer's route is ``(links, latency_ms, wire_ms, src,
     dst)`` (``wire_ms``: its bytes over the bottleneck bandwidth); each queue ends with the
-    key ``num_keys``.
+    key ``num_keys``. (:func:`_run_in_order` reproduces these queues without building
+    them: :func:`_reference_order` replays this run's order of execution.)
     """
     speed = [topology.device(d).speed for d in devices]
     n = len(devices)
@@ -819,6 +888,156 @@ def _link_plan(
     return route_of, queues
 
 
+def _run_in_order(
+    order: _Order,
+    topology: Topology,
+    devices: list[str],
+    durations: list[list[float]],
+    cut: list[int],
+    num_keys: int,
+    grows: list[int],
+    shrinks: list[int],
+    levels: list[int],
+    mem: list[list[tuple[float, int]]],
+    *,
+    record: bool,
+) -> tuple[
+    list[float],
+    list[float],
+    list[tuple[int, int, int, int, float, float]],
+    list[tuple[int, int, int, int, float, float, int]],
+    list[list[tuple[float, int]]],
+    list[int],
+]:
+    """The event loop's times, computed action by action in one fixed order.
+
+    Every action and transfer depends only on actions and transfers whose time in the
+    reference run of :func:`_link_plan` is earlier, or the same and that ran before it
+    there: its device's previous action, the send of the data it receives, and the
+    transfers ahead of it in its links' queues (which :func:`_link_plan` orders by that
+    very key). So the reference run's order of execution (:class:`_Order`, fixed per
+    shape), sorted stably by the reference times, is an order in which everything an
+    action waits for is known when it is reached: no device blocks, no queue is kept,
+    and each time is the same maximum of the same sums as in the event loop, so the
+    same float. Returns what the event loop leaves: clocks, link-free times, events,
+    transfers, memory curves and levels.
+    """
+    steps, ways, programs = order
+    # Durations of all devices end to end, then the empty action's 0; the reference
+    # run's are the profile's on speed-1 devices, computed as _link_plan computes them.
+    table = [*chain.from_iterable(durations), 0.0]
+    ref = [
+        *chain.from_iterable(
+            [x * sp for x in dtab]
+            for dtab, sp in zip(durations, [topology.device(d).speed for d in devices], strict=True)
+        ),
+        0.0,
+    ]
+    n, cuts = len(devices), len(cut) + 1
+    link_ids: dict[tuple[str, str], int] = {}
+    routes: dict[int, tuple[tuple[int, ...], float, float, int, int, int]] = {}
+    for way in sorted(ways):
+        pair, c = divmod(way, cuts)
+        src, dst = divmod(pair, n)
+        a, b = devices[src], devices[dst]
+        ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in topology.route_links(a, b))
+        nbytes = cut[c]
+        wire_ms = nbytes / topology.bandwidth(a, b) * 1e3 if nbytes else 0.0
+        routes[way] = (ids, topology.latency_ms(a, b), wire_ms, src, dst, nbytes)
+
+    # The reference run. A key's time is only read after its send wrote it; the entry
+    # after the keys stays 0 for "no receive", the one after it takes "no send".
+    clock = [0.0] * len(devices)
+    ready = [0.0] * (num_keys + 2)
+    ends: list[float] = []
+    end_of = ends.append
+    for di, recv, slot, _, send, _, _ in steps:
+        t = clock[di]
+        at = ready[recv]
+        if at > t:
+            t = at
+        t += ref[slot]
+        clock[di] = t
+        ready[send] = t
+        end_of(t)
+    # Stable: among equal times, the order the reference run executed them.
+    ranked = sorted(range(len(ends)), key=ends.__getitem__)
+
+    no_send = num_keys + 1
+    clock = [0.0] * len(devices)
+    arrival = ready  # reused: each key is written by its send before it is read
+    link_free = [0.0] * len(link_ids)
+    raw_events: list[tuple[int, int, int, int, float, float]] = []
+    raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
+    if not record:
+        for di, recv, _, slot, skey, way, _ in map(steps.__getitem__, ranked):
+            t = clock[di]
+            at = arrival[recv]
+            if at > t:
+                t = at
+            t += table[slot]
+            clock[di] = t
+            if skey != no_send:
+                links, lat, wire_ms, _, _, _ = routes[way]
+                start = t
+                if len(links) == 2:  # through one switch, the usual route: unrolled
+                    first, second = links
+                    if link_free[first] > start:
+                        start = link_free[first]
+                    if link_free[second] > start:
+                        start = link_free[second]
+                    link_free[first] = link_free[second] = end = start + lat + wire_ms
+                else:
+                    for link in links:
+                        if link_free[link] > start:
+                            start = link_free[link]
+                    end = start + lat + wire_ms
+                    for link in links:
+                        link_free[link] = end
+                arrival[skey] = end
+        return clock, link_free, raw_events, raw_transfers, mem, levels
+    event = raw_events.append
+    transfer = raw_transfers.append
+    for j in ranked:
+        di, recv, _, slot, skey, way, at = steps[j]
+        code, s, k, kslot, _, _, _ = programs[di][at]
+        t = clock[di]
+        at = arrival[recv]
+        if at > t:
+            t = at
+        dur = table[slot]
+        end = t + dur
+        if code <= 3:
+            grow = grows[kslot]
+            shrink = shrinks[kslot]
+            if grow or shrink:
+                level = levels[di]
+                if grow:
+                    level += grow
+                    mem[di].append((t, level))
+                if shrink:
+                    level += shrink
+                    mem[di].append((end, level))
+                levels[di] = level
+            event((di, code, s, k, t, end))
+        elif code == 9 and dur > 0:
+            event((di, 9, s, -1, t, end))
+        t = end
+        clock[di] = t
+        if skey != no_send:
+            links, lat, wire_ms, src, dst, nbytes = routes[way]
+            start = t
+            for link in links:
+                if link_free[link] > start:
+                    start = link_free[link]
+            end = start + lat + wire_ms
+            for link in links:
+                link_free[link] = end
+            arrival[skey] = end
+            transfer((src, dst, skey & 1, skey >> 1, start, end, nbytes))
+    return clock, link_free, raw_events, raw_transfers, mem, levels
+
+
 def _devices_of(schedule: Schedule, stages: Sequence[StageSpec]) -> list[str]:
     if schedule.order is not None and schedule._devices is None:
         return list(dict.fromkeys(d for st in stages for d in st.devices))
@@ -838,21 +1057,128 @@ def _describe(
     return f"{_NAMES[code]}{s}.{k}"
 
 
-Program = list[tuple[int, int, int, int, int, int, int]]
+_Entry = tuple[int, int, int, int, int, int, int]
+Program = list[_Entry]
+# An action as _run_in_order reads it (see _Order).
+_Step = tuple[int, int, int, int, int, int, int]
 # Slots per stage in the duration tables: codes 0-3 (F, B, I, W), 8 (ALLREDUCE), 9 (STEP).
 _SLOTS = 10
 # Compiled generated orders, most recent last: the solver simulates many partitions of one
 # shape, whose programs differ only in their durations (which live in separate tables).
-_COMPILED: list[tuple[tuple[Any, ...], Any, list[Program]]] = []
+_COMPILED: list[tuple[tuple[Any, ...], Any, _Shape]] = []
 _COMPILED_KEEP = 2
+
+
+class _Order(NamedTuple):
+    """The actions of all devices in the order the reference run of :func:`_link_plan`
+    executes them (which depends on the programs alone, not on any time).
+
+    ``steps`` holds per action ``(device, recv, ref_slot, slot, send, way, index)``,
+    ``index`` being its place in its device's program (``programs``). Only ints, so
+    that the collector stops tracking them. Slots index the devices' duration tables laid
+    end to end, followed by a 0 for an action that takes no time (``ref_slot``: the
+    reference run times compute only, as :func:`_link_plan` does). ``recv`` is the
+    received key or ``num_keys`` (a time that stays 0) for none; ``send`` the sent key
+    or ``num_keys + 1`` (written, never read) for none. ``way`` encodes the ``(src,
+    dst, cut)`` of a send as ``(src * devices + dst) * cuts + cut`` (``ways``: all of
+    them).
+    """
+
+    steps: list[_Step]
+    ways: set[int]
+    programs: list[Program]
+
+
+class _Shape:
+    """Compiled programs and what depends on them alone (cached with them): per program
+    the slots of its work (compute and optimizer steps) in program order, and the
+    reference run's order of execution (see :func:`_run_in_order`)."""
+
+    def __init__(self, programs: list[Program]) -> None:
+        import numpy as np  # here, as in _program_totals
+
+        self.programs = programs
+        self.work = [
+            np.array([e[3] for e in prog if e[0] <= 3 or e[0] == 9], dtype=np.intp)
+            for prog in programs
+        ]
+        self._order: _Order | None = None
+        self._no_order = False
+
+    def order(self, num_keys: int, total_mb: int, num_stages: int) -> _Order | None:
+        """The reference run's order, or None where the event loop is needed: for
+        all-reduces (their barriers) and for schedules that deadlock (its message)."""
+        if self._order is None and not self._no_order:
+            self._order = _reference_order(self.programs, num_keys, total_mb, num_stages)
+            self._no_order = self._order is None
+        return self._order
+
+
+def _reference_order(
+    programs: list[Program], num_keys: int, total_mb: int, num_stages: int
+) -> _Order | None:
+    """Run the programs as :func:`_link_plan`'s reference run does (a device runs until a
+    receive whose send has not run yet; the same stack of runnable devices), without
+    times, and list the actions in the order they run."""
+    if any(8 in {e[0] for e in prog} for prog in programs):
+        return None
+    n = len(programs)
+    width = _SLOTS * num_stages
+    zero = n * width
+    no_recv, no_send = num_keys, num_keys + 1
+    cuts = num_stages + 1
+    # One int object per slot: a cached order holds hundreds of thousands of them.
+    slots = list(range(zero + 1))
+    per_device = [
+        [
+            (
+                di,
+                rkey if rkey >= 0 else no_recv,
+                slots[di * width + slot] if kind <= 3 else zero,
+                slots[di * width + slot] if kind <= 3 or kind == 9 else zero,
+                skey if skey >= 0 else no_send,
+                # The cut a send crosses: its receiving stage's input, or its gradient.
+                (di * n + dst) * cuts + (skey >> 1) // total_mb + (skey & 1) if skey >= 0 else -1,
+                at,
+            )
+            for at, (kind, _, _, slot, rkey, skey, dst) in enumerate(prog)
+        ]
+        for di, prog in enumerate(programs)
+    ]
+    steps: list[_Step] = []
+    pos = [0] * n
+    sent = bytearray(num_keys + 2)
+    sent[no_recv] = 1
+    waiting = [-1] * (num_keys + 2)
+    runnable = list(range(n - 1, -1, -1))
+    while runnable:
+        di = runnable.pop()
+        own, start = per_device[di], pos[di]
+        p, size = start, len(own)
+        while p < size:
+            _, recv, _, _, send, _, _ = own[p]
+            if not sent[recv]:
+                waiting[recv] = di
+                break
+            sent[send] = 1
+            w = waiting[send]
+            if w >= 0:
+                waiting[send] = -1
+                runnable.append(w)
+            p += 1
+        pos[di] = p
+        steps += own[start:p]
+    if len(steps) != sum(map(len, programs)):
+        return None
+    return _Order(steps, {step[5] for step in steps if step[5] >= 0}, programs)
 
 
 def _compiled(
     schedule: Schedule, stages: Sequence[StageSpec], devices: list[str], total_mb: int
-) -> list[Program]:
+) -> _Shape:
     """:func:`_compile`, cached for generated orders by their shape."""
     if schedule.order is None or schedule._devices is not None:
-        return _compile(schedule, stages, devices, total_mb)
+        return _Shape(_compile(schedule, stages, devices, total_mb))
     key = (
         id(schedule.order),
         schedule.num_microbatches,
@@ -860,15 +1186,67 @@ def _compiled(
         tuple(devices),
         tuple(tuple(st.devices) for st in stages),
     )
-    for i, (k, order, programs) in enumerate(_COMPILED):
+    for i, (k, order, found) in enumerate(_COMPILED):
         # The entry holds its order, so the id cannot be reused while it is cached.
         if k == key and order is schedule.order:
             _COMPILED.append(_COMPILED.pop(i))
-            return programs
-    programs = _compile(schedule, stages, devices, total_mb)
-    _COMPILED.append((key, schedule.order, programs))
+            return found
+    shape = _Shape(_compile(schedule, stages, devices, total_mb))
+    _COMPILED.append((key, schedule.order, shape))
     del _COMPILED[:-_COMPILED_KEEP]
-    return programs
+    return shape
+
+
+def _program_totals(
+    work: Sequence[Any],
+    durations: list[list[float]],
+    grows: list[int],
+    shrinks: list[int],
+    static: list[int],
+) -> tuple[list[int], list[float]]:
+    """Per device the peak memory and the busy time, which follow from the program order
+    alone: allocations happen in program order, and work is summed action by action in it
+    (the same additions in the same order as an event loop would make, so the same floats).
+    ``work`` holds per device the slots of its compute and steps, in program order.
+    """
+    import numpy as np  # here: commands that never simulate do not pay for the import
+
+    longest = max(map(len, work), default=0)
+    if max(map(abs, [*grows, *shrinks]), default=0) * 2 * longest >= 2**62:
+        return _program_totals_exact(work, durations, grows, shrinks, static)
+    up, down = np.array(grows, dtype=np.int64), np.array(shrinks, dtype=np.int64)
+    moves = np.empty(2 * longest, dtype=np.int64)
+    peaks, busy = [], []
+    for slots, dtab, base in zip(work, durations, static, strict=True):
+        if not len(slots):
+            peaks.append(base)
+            busy.append(0.0)
+            continue
+        at = np.asarray(slots, dtype=np.intp)
+        size = 2 * len(slots)
+        moves[:size:2], moves[1:size:2] = up[at], down[at]
+        # Frees never exceed the level just before them: the peak follows an allocation.
+        peaks.append(base + max(0, int(np.cumsum(moves[:size]).max())))
+        # An accumulation adds one element at a time, in order (a sum would add pairwise).
+        busy.append(float(np.cumsum(np.array(dtab)[at])[-1]))
+    return peaks, busy
+
+
+def _program_totals_exact(
+    work: Sequence[Any],
+    durations: list[list[float]],
+    grows: list[int],
+    shrinks: list[int],
+    static: list[int],
+) -> tuple[list[int], list[float]]:
+    """:func:`_program_totals` in Python ints, for memory sizes too large for int64."""
+    moves = [(g, x) for g, x in zip(grows, shrinks, strict=True)]
+    peaks, busy = [], []
+    for slots, dtab, base in zip(work, durations, static, strict=True):
+        steps = accumulate(chain.from_iterable(map(moves.__getitem__, slots)), initial=base)
+        peaks.append(max(steps))
+        busy.append(reduce(add, map(dtab.__getitem__, slots), 0.0))
+    return peaks, busy
 
 
 def _compile(
@@ -926,7 +1304,51 @@ def _compile(
                     if s < last and single[s + 1] is None
                     else (s < last and single[s + 1] != d)
                 )
+            # Per stage, where neighbours are fixed: the receive and send key bases and
+            # the peer of each compute kind (keys step by 2 per microbatch).
+            fixed: dict[tuple[str, int], tuple[int, int, int, int]] = {}
+            for s in tab:
+                prev_away, next_away = fixed_prev[s], fixed_next[s]
+                if prev_away is None or next_away is None:
+                    continue
+                after, before = single[s + 1] if next_away else None, single[s - 1] if s else None
+                down = index[after] if after is not None else -1
+                up = index[before] if prev_away and before is not None else -1
+                fixed[("F", s)] = (
+                    0,
+                    s * t2 * 2 if prev_away else -1,
+                    (s + 1) * t2 * 2 if next_away else -1,
+                    down,
+                )
+                fixed[("W", s)] = (3, -1, -1, -1)
+                for kind, code in (("B", 1), ("I", 2)):
+                    fixed[(kind, s)] = (
+                        code,
+                        s * t2 * 2 + 1 if next_away else -1,
+                        (s - 1) * t2 * 2 + 1 if prev_away else -1,
+                        up,
+                    )
             for i, (kind, s, k) in enumerate(ops):
+                found = fixed.get((kind, s))
+                if found is not None:
+                    code, rbase, sbase, dst = found
+                    append(
+                        (
+                            code,
+                            s,
+                            k,
+                            s * _SLOTS + code,
+                            rbase + 2 * k if rbase >= 0 else -1,
+                            sbase + 2 * k if sbase >= 0 else -1,
+                            dst,
+                        )
+                    )
+                    if i in closers:
+                        c = closers[i]
+                        if len(stages[c].devices) > 1:
+                            append((8, c, -1, c * _SLOTS + 8, -1, -1, -1))
+                        append((9, c, -1, c * _SLOTS + 9, -1, -1, -1))
+                    continue
                 rkey = skey = dst = -1
                 prev_away = fixed_prev[s]
                 if prev_away is None:

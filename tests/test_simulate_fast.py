@@ -1,8 +1,9 @@
 """The simulator's fast paths give the results of the straightforward ones.
 
 Transfers start at their send when their links' queues reach them (instead of in a pass
-after every device has run as far as it can), and generated orders are compiled once per
-shape: neither may change a single number.
+after every device has run as far as it can), generated orders are compiled once per
+shape, and over a topology the times are computed in one pass in the reference run's
+order instead of by the event loop: none of these may change a single number.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import sys
 
 import pytest
 
+from planner.cost import synthetic_profile
+from planner.errors import InputError
 from planner.plan import StageSpec
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.schedule import Schedule, build_schedule
 from planner.simulate import SimResult, simulate
-from planner.topology import uniform_topology
+from planner.topology import topology_from_dict, uniform_topology
 
 SIM = sys.modules["planner.simulate"]
 
@@ -83,3 +87,122 @@ def test_cached_programs_give_the_results_of_fresh_ones() -> None:
         SIM._COMPILED.clear()
         fresh = simulate(profile, topo, stages, "2bw", 6)
         _same(cached, fresh)
+
+
+def _two_switches(rng: random.Random, n: int) -> object:
+    """Devices split over two switches joined by one link (which cross-switch transfers
+    share), with random speeds, bandwidths and latencies."""
+    half = max(1, n // 2)
+    links = [
+        {
+            "between": [f"gpu{i}", "sw0" if i < half else "sw1"],
+            "bandwidth": f"{rng.choice([1, 5, 25])} GB/s",
+            "latency": f"{rng.choice([0, 1, 3])} us",
+        }
+        for i in range(n)
+    ]
+    links.append({"between": ["sw0", "sw1"], "bandwidth": f"{rng.choice([2, 20])} GB/s"})
+    return topology_from_dict(
+        {
+            "devices": [
+                {"name": f"gpu{i}", "memory": "80 GiB", "speed": rng.choice([0.5, 1.0, 1.0, 2.0])}
+                for i in range(n)
+            ],
+            "switches": ["sw0", "sw1"],
+            "links": links,
+        }
+    )
+
+
+def _in_order_case(seed: int) -> tuple[Profile, list[StageSpec], object, int]:
+    rng = random.Random(1000 + seed)
+    p = rng.randint(1, 5)
+    n = p + rng.randint(0, 3)
+    cuts = [0, *sorted(rng.sample(range(1, n), p - 1)), n]
+    profile = _profile(rng, n)
+    if rng.random() < 0.5:
+        # Equal (or zero) times and sizes: many actions and transfers end at the same time.
+        profile = synthetic_profile(
+            n,
+            forward_ms=rng.choice([0.0, 1.0]),
+            backward_weight_ms=rng.choice([0.0, 1.0]),
+            output_bytes=rng.choice([0, 1 << 20]),
+        )
+    stages = [StageSpec(i, (cuts[i], cuts[i + 1] - 1), [f"gpu{i}"]) for i in range(p)]
+    return profile, stages, _two_switches(rng, p), rng.randint(1, 9)
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "2bw", "written"])
+def test_the_pass_in_reference_order_gives_the_event_loops_results(
+    seed: int, schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over a topology the times are computed in one pass in the reference run's order
+    # (_run_in_order); the event loop is the definition it must reproduce to the bit.
+    profile, stages, topo, m = _in_order_case(seed)
+    sched: object = schedule
+    if schedule == "written":  # a hand-written schedule: explicit sends and receives
+        sched = Schedule.from_dict(build_schedule("1f1b", stages, m).to_dict())
+    calls = []
+    fast_pass = SIM._run_in_order
+    monkeypatch.setattr(SIM, "_run_in_order", lambda *a, **k: calls.append(1) or fast_pass(*a, **k))
+    fast = simulate(profile, topo, stages, sched, m)
+    lean = simulate(profile, topo, stages, sched, m, events=False)
+    assert len(calls) == 2  # the pass did run
+    monkeypatch.setattr(SIM, "_IN_ORDER", False)
+    loop = simulate(profile, topo, stages, sched, m)
+    _same(fast, loop)
+    assert fast.memory_timeline == loop.memory_timeline
+    assert fast.makespan_ms == loop.makespan_ms
+    assert (lean.iteration_ms, lean.memory_bytes, lean.busy_ms) == (
+        loop.iteration_ms,
+        loop.memory_bytes,
+        loop.busy_ms,
+    )
+
+
+def test_replicated_stages_and_deadlocks_keep_the_event_loop() -> None:
+    # All-reduce barriers and deadlock messages stay with the event loop.
+    rng = random.Random(3)
+    stages = [StageSpec(0, (0, 1), ["gpu0", "gpu1"]), StageSpec(1, (2, 3), ["gpu2"])]
+    topo = uniform_topology(3, bandwidth=10e9)
+    result = simulate(_profile(rng, 4), topo, stages, "1f1b", 4)
+    assert [e.kind for e in result.events].count("ALLREDUCE") == 2
+    two = [StageSpec(0, (0, 1), ["gpu0"]), StageSpec(1, (2, 3), ["gpu1"])]
+    stuck = Schedule.from_dict(
+        {
+            "name": "mine",
+            "devices": {
+                "gpu0": ["RECV_B0.0<-gpu1", "F0.0", "SEND_F0.0->gpu1", "B0.0"],
+                "gpu1": ["RECV_F1.0<-gpu0", "F1.0", "B1.0", "SEND_B1.0->gpu0"],
+            },
+        }
+    )
+    with pytest.raises(InputError, match="deadlocks"):
+        simulate(_profile(rng, 4), topo, two, stuck, 1, validate=False)
+
+
+@pytest.mark.parametrize("huge", [False, True])
+def test_peaks_and_busy_times_match_the_action_by_action_sums(huge: bool) -> None:
+    # Vectorised, the peaks must be the same ints and the busy times the same floats as
+    # adding action by action in Python (the event loop's definition); sizes beyond
+    # int64 take the Python path.
+    rng = random.Random(11)
+    slots = 30
+    scale = 2**62 if huge else 1 << 30
+    grows = [rng.randint(0, scale) for _ in range(slots)]
+    shrinks = [-rng.randint(0, scale) for _ in range(slots)]
+    durations = [[rng.uniform(0, 3) for _ in range(slots)] for _ in range(3)]
+    work = [[rng.randrange(slots) for _ in range(n)] for n in (0, 1, 500)]
+    static = [rng.randint(0, scale) for _ in range(3)]
+    fast = SIM._program_totals(work, durations, grows, shrinks, static)
+    exact = SIM._program_totals_exact(work, durations, grows, shrinks, static)
+    assert fast == exact
+    peaks, busy = exact
+    level, top, total = static[2], static[2], 0.0
+    for slot in work[2]:
+        level += grows[slot]
+        top = max(top, level)
+        level += shrinks[slot]
+        total += durations[2][slot]
+    assert (peaks[2], busy[2]) == (top, total)

@@ -56,12 +56,15 @@ def validate_order(
         raise InputError(f"generated schedule is invalid: {message}", field="schedule")
 
     for rank, ops in order.items():
+        placed: set[int] = set()  # stages whose devices are known to be on this rank
         for kind, s, k in ops:
             if not (0 <= s < num_stages and 0 <= k < total):
                 fail(f"{kind}{s}.{k} names a stage or microbatch that does not exist")
-            for dev in stages[s].devices:
-                if device_rank.setdefault(dev, rank) != rank:
-                    fail(f"device {dev} appears on ranks {device_rank[dev]} and {rank}")
+            if s not in placed:
+                for dev in stages[s].devices:
+                    if device_rank.setdefault(dev, rank) != rank:
+                        fail(f"device {dev} appears on ranks {device_rank[dev]} and {rank}")
+                placed.add(s)
             at = s * total + k
             if kind == "F":
                 if f_done[at]:
