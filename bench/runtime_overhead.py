@@ -8,8 +8,8 @@ optimizer (SGD) and data, on 2 CPU processes with one thread each over gloo:
 * torch: ``ScheduleGPipe`` / ``Schedule1F1B`` on a manual ``PipelineStage`` per process,
   the stage module being the same ``SplitModel.stage(first, last)``.
 
-Both sides' processes start with the same environment (``planner.runtime.launch.worker_env``:
-the glibc malloc settings pipeplan's launcher uses), so the comparison is of the executors.
+Both sides' workers keep freed memory alike (``planner.allocator.keep_freed_memory``, which
+every pipeplan worker calls), so the comparison is of the executors, not of malloc.
 Each side is timed per step as the slowest rank's time from a barrier to the end of its
 step (optimizer included); medians over the measured steps. The sides alternate over
 several rounds in one invocation, so machine load hits both alike. Throughput ratio =
@@ -95,7 +95,7 @@ def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
                     str(warmup),
                     tmp,
                 ],
-                env=worker_env(),  # what pipeplan's workers get, allocator settings included
+                env=worker_env(),
             )  # fmt: skip
             for rank in range(2)
         ]
@@ -120,10 +120,12 @@ def torch_worker(rank: int, port: int, schedule: str, steps: int, warmup: int, o
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    from planner.allocator import keep_freed_memory
     from planner.plan import parse_stages
     from planner.profile.loader import load_model_file
     from planner.profile.split import split_model
 
+    keep_freed_memory()  # as pipeplan's workers do: compare the executors, not malloc
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",

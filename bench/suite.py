@@ -134,6 +134,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "profile_cost", "profile_cost.py", "Profiling cost and repeatability", quick_timeout_s=90
     ),
+    Benchmark("allocator", "allocator.py", "Host allocator: keeping freed memory"),
     Benchmark(
         "runtime_overhead",
         "runtime_overhead.py",

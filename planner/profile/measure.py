@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from planner.allocator import keep_freed_memory
 from planner.errors import InputError
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
@@ -173,6 +174,7 @@ def profile_model(
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
     user = load_model_file(path)
+    keep_freed_memory()  # as every run worker does: see planner.allocator
     started = time.perf_counter()
     old_threads = torch.get_num_threads()
     if settings.device.type == "cpu":
@@ -752,6 +754,7 @@ def _meta(
         "split_points": list(split.split_points),
         "wall_seconds": round(seconds, 2),
         "host": host,
+        "allocator": keep_freed_memory(),
     }
     meta["clock"] = settings.clock
     if settings.device.type == "cpu":

@@ -9,9 +9,6 @@ watchdog: when a rank exits non-zero or is killed, or makes no progress for the 
 Workers also ask the kernel to kill them if the parent dies (``PR_SET_PDEATHSIG``), so no
 process outlives a run.
 
-On Linux the workers get glibc malloc settings that keep freed memory (unless the caller
-set ``GLIBC_TUNABLES``), see :func:`worker_env`.
-
 Under ``torchrun`` (:func:`in_torchrun`) each process is already started; the command runs
 :func:`planner.runtime.worker.worker_main` directly with ``RANK``/``WORLD_SIZE`` from the
 environment, and torchrun does the watching.
@@ -32,41 +29,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MALLOC_TUNABLES", "RunFailed", "free_port", "in_torchrun", "launch_local", "worker_env"]
+__all__ = ["RunFailed", "free_port", "in_torchrun", "launch_local", "worker_env"]
 
 # Seconds a rank may spend starting up (importing torch, building the model) before the
 # watchdog also counts it as hung; added to the timeout.
 _GRACE_S = 60.0
 
 
-# glibc's malloc gives freed memory back to the kernel (heap trimming; blocks over the
-# mmap threshold are unmapped on free), so each step of a CPU run faults the same pages in
-# again: measured on the 2-core VM, 5,000-30,000 minor faults per GPT step at 3-4 us each
-# (up to a tenth of the step), which the profile, repeating one layer, never sees. Keep it.
-MALLOC_TUNABLES = (
-    "glibc.malloc.trim_threshold=17179869184:"  # 16 GiB: do not trim the heap's top
-    "glibc.malloc.mmap_threshold=33554432:"  # 32 MiB, glibc's ceiling: big blocks from the heap
-    "glibc.malloc.top_pad=67108864"  # grow the heap 64 MiB at a time
-)
-
-
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a local worker: ``base`` (default: this process's) plus this
-    planner on ``PYTHONPATH`` and, on Linux where the caller has not set it, ``GLIBC_TUNABLES``
-    = :data:`MALLOC_TUNABLES`.
+    """The environment of a local worker: ``base`` (default: this process's) with this
+    planner first on ``PYTHONPATH``, so the workers import the same code.
 
     Example::
 
-        env = worker_env({"PATH": "/usr/bin"})
-        env["GLIBC_TUNABLES"]   # on Linux: 'glibc.malloc.trim_threshold=...'
+        worker_env({"PYTHONPATH": "/elsewhere"})["PYTHONPATH"]   # '/path/to/pipeplan:/elsewhere'
     """
-    import sys
-
     env = dict(os.environ if base is None else base)
-    root = str(Path(__file__).resolve().parents[2])  # so the workers import this planner
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    if sys.platform.startswith("linux"):
-        env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     return env
 
 

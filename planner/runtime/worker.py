@@ -134,6 +134,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
+    from planner.allocator import keep_freed_memory
     from planner.plan import plan_from_dict
     from planner.profile.loader import load_model_file
     from planner.profile.split import split_model
@@ -146,6 +147,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
 
     run_dir = Path(config["run_dir"])
     placement = Placement.from_dict(config["placement"])
+    keep_freed_memory()  # as the profiler did: see planner.allocator
     torch.set_num_threads(int(config.get("threads") or 1))
     if placement.device_type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
