@@ -36,8 +36,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ring_model_ms(nbytes: int) -> float:
+    """The simulator's ring all-reduce of ``nbytes`` between cpu0 and cpu1 of
+    topologies/cpu.yaml at full efficiency (its ``allreduce_efficiency`` is this ratio)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from planner.topology import Topology, load_topology
+
+    topo = load_topology(Path(__file__).resolve().parents[1] / "topologies" / "cpu.yaml")
+    full = Topology(topo.name, topo.graph, topo.devices, source=topo.source, relay=topo.relay)
+    return full.allreduce_ms(["cpu0", "cpu1"], nbytes)
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from planner.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as run's workers: the flattening would otherwise fault every time
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     peer = 1 - rank
@@ -69,7 +84,30 @@ def _worker(rank: int, port: int, out: str) -> None:
                 dist.send(small, peer)
             times.append(time.perf_counter() - t0)
         best = statistics.median(times[2:])
-        rows.append({"bytes": size, "seconds": best, "gb_per_s": size / best / 1e9})
+        # The all-reduce as the runtime's ALLREDUCE runs it: flatten the gradients (here 4
+        # parts), all-reduce, copy back.
+        parts = [torch.ones(size // 16, dtype=torch.float32) for _ in range(4)]
+        reduce_times = []
+        for _ in range(REPEATS + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            flat = torch.cat(parts)
+            dist.all_reduce(flat)
+            offset = 0
+            for part in parts:
+                part.copy_(flat[offset : offset + part.numel()])
+                offset += part.numel()
+            reduce_times.append(time.perf_counter() - t0)
+        reduce = statistics.median(reduce_times[2:])
+        rows.append(
+            {
+                "bytes": size,
+                "seconds": best,
+                "gb_per_s": size / best / 1e9,
+                "allreduce_seconds": reduce,
+                "allreduce_efficiency": _ring_model_ms(size) / (reduce * 1e3),
+            }
+        )
     results["rows"] = rows
     if rank == 0:
         Path(out).write_text(json.dumps(results))
@@ -86,10 +124,11 @@ def main() -> None:
     data["machine"] = f"{os.cpu_count()} CPU cores, torch {torch.__version__}, {sys.platform}"
     print(f"gloo send/recv between 2 local processes ({data['machine']})")
     print(f"latency (half round trip, 4 B): {data['latency_us']:.1f} us")
-    print(f"{'size':>10} {'ms':>9} {'GB/s':>7}")
+    print(f"{'size':>10} {'ms':>9} {'GB/s':>7} {'all-reduce ms':>14} {'efficiency':>11}")
     for row in data["rows"]:
         print(
             f"{row['bytes'] / 2**20:>7.0f} MiB {row['seconds'] * 1e3:>9.2f} {row['gb_per_s']:>7.2f}"
+            f" {row['allreduce_seconds'] * 1e3:>14.2f} {row['allreduce_efficiency']:>11.2f}"
         )
     out.write_text(json.dumps(data, indent=1) + "\n")
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 CPU2 = """schema: pipeplan.topology/v1
 name: cpu-local-2
+allreduce_efficiency: 0.2
 devices:
   - {name: "cpu{0..1}", memory: 4 GiB, speed: 1.0, host: localhost, kind: cpu}
 switches:

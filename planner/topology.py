@@ -106,6 +106,7 @@ class Topology:
         *,
         source: str = "<topology>",
         relay: str = "all",
+        allreduce_efficiency: float = 1.0,
     ) -> None:
         self.name = name
         self.graph = graph
@@ -120,6 +121,19 @@ class Topology:
         # "all": any vertex forwards traffic (the contract's rule); "switches": devices are
         # endpoints only, as when peer copies are not relayed through a third GPU.
         self.relay = relay
+        if not (
+            isinstance(allreduce_efficiency, int | float)
+            and not isinstance(allreduce_efficiency, bool)
+            and 0 < allreduce_efficiency <= 1
+        ):
+            raise InputError(
+                f"expected a number in (0, 1]; got {allreduce_efficiency!r}",
+                file=source,
+                field="allreduce_efficiency",
+            )
+        # The fraction of the ring model's bandwidth the backend's all-reduce reaches: about 1
+        # for NCCL over NVLink, about a third for gloo over loopback TCP (topologies/cpu.yaml).
+        self.allreduce_efficiency = float(allreduce_efficiency)
         self._index = {d.name: i for i, d in enumerate(self.devices)}
         self._check_graph()
         # Node ranks: devices first in device order, then switches in graph order. Routes tie
@@ -435,6 +449,7 @@ class Topology:
         step = 0.0
         for k, links in enumerate(hops):
             share = min(self.link_bandwidth(u, v) / use[(u, v)] for u, v in links)
+            share *= self.allreduce_efficiency
             step = max(step, self.latency_ms(ring[k], ring[(k + 1) % n]) + chunk / share * 1e3)
         return 2 * (n - 1) * step
 
@@ -453,7 +468,14 @@ class Topology:
         for _, _, data in graph.edges(data=True):
             data["bandwidth"] = data["bandwidth"] * bandwidth
         devices = [replace(d, speed=d.speed * speed) for d in self.devices]
-        return Topology(self.name, graph, devices, source=self.source, relay=self.relay)
+        return Topology(
+            self.name,
+            graph,
+            devices,
+            source=self.source,
+            relay=self.relay,
+            allreduce_efficiency=self.allreduce_efficiency,
+        )
 
     def links(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """Every link as ``(u, v, data)`` in a stable order (by node rank).
@@ -505,6 +527,8 @@ class Topology:
         out: dict[str, Any] = {"schema": SCHEMA, "name": self.name}
         if self.relay != "all":
             out["relay"] = self.relay
+        if self.allreduce_efficiency != 1.0:
+            out["allreduce_efficiency"] = self.allreduce_efficiency
         return {
             **out,
             "devices": devices,
@@ -530,6 +554,8 @@ class Topology:
         lines = [f"schema: {data['schema']}", f"name: {json.dumps(data['name'])}"]
         if "relay" in data:
             lines.append(f"relay: {data['relay']}")
+        if "allreduce_efficiency" in data:
+            lines.append(f"allreduce_efficiency: {data['allreduce_efficiency']}")
         lines.append("devices:")
         lines += [f"  - {flow(d)}" for d in data["devices"]]
         if data["switches"]:
@@ -672,6 +698,7 @@ _TOP_KEYS = {
     "links",
     "hosts",
     "relay",
+    "allreduce_efficiency",
 }
 _DEVICE_KEYS = {"name", "memory", "speed", "host", "kind"}
 _LINK_KEYS = {"between", "bandwidth", "latency", "count", "kind"}
@@ -997,7 +1024,15 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
     if not isinstance(name, str) or not name:
         raise InputError(f"expected a non-empty string; got {name!r}", file=source, field="name")
     relay = data.get("relay", "all")
-    return Topology(name, builder.graph, builder.devices, source=source, relay=relay)
+    efficiency = data.get("allreduce_efficiency", 1.0)
+    return Topology(
+        name,
+        builder.graph,
+        builder.devices,
+        source=source,
+        relay=relay,
+        allreduce_efficiency=efficiency,
+    )
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:

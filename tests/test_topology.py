@@ -372,3 +372,26 @@ def test_hosts_shorthand_list_of_groups_shares_the_network() -> None:
                 }
             }
         )
+
+
+def test_allreduce_efficiency_slows_only_the_all_reduce() -> None:
+    from planner.topology import load_topology
+
+    def load_topology_text(text: str) -> Any:
+        return topology_from_dict(yaml.safe_load(text), "e.yaml")
+
+    text = (
+        "name: e\ndevices:\n  - {name: 'c{0..3}', memory: 1 GiB}\nswitches: [sw]\n"
+        "links:\n  - {between: ['c{0..3}', sw], bandwidth: 1 GB/s, latency: 0 us}\n"
+    )
+    full = load_topology_text(text)
+    fifth = load_topology_text("allreduce_efficiency: 0.2\n" + text)
+    devices = ["c0", "c1", "c2", "c3"]
+    # Ring of 4, no latency: 2 * 3 steps of 1/4 of 8 MB at 1 GB/s (0.2 GB/s).
+    assert full.allreduce_ms(devices, 8e6) == pytest.approx(6 * 2e6 / 1e9 * 1e3)
+    assert fifth.allreduce_ms(devices, 8e6) == pytest.approx(5 * full.allreduce_ms(devices, 8e6))
+    assert fifth.transfer_ms("c0", "c1", 8e6) == full.transfer_ms("c0", "c1", 8e6)
+    assert fifth.scaled(bandwidth=2).allreduce_efficiency == 0.2
+    again = load_topology_text(fifth.to_yaml())
+    assert again.allreduce_efficiency == 0.2 and "allreduce_efficiency" not in full.to_dict()
+    assert load_topology(ROOT / "topologies" / "cpu.yaml").allreduce_efficiency == 0.2

@@ -165,6 +165,14 @@ def test_bad_input_is_one_line_naming_file_field_and_expectation(
         ("devices: [\n", "not valid YAML at line"),
         ("devices:\n  - {name: g, memory: 1 GiB}\ncolour: red\n", "colour: unknown field"),
         ("devices:\n  - {name: g, memory: 1 GiB}\nswitches: [s]\n", "switch 's' has no links"),
+        (
+            "allreduce_efficiency: 1.5\ndevices:\n  - {name: g, memory: 1 GiB}\n",
+            "allreduce_efficiency: expected a number in (0, 1]; got 1.5",
+        ),
+        (
+            "allreduce_efficiency: fast\ndevices:\n  - {name: g, memory: 1 GiB}\n",
+            "allreduce_efficiency: expected a number in (0, 1]; got 'fast'",
+        ),
     ],
 )
 def test_malformed_files(

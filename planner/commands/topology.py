@@ -87,6 +87,8 @@ def _print_show(topo: Topology) -> None:
         f"[bold]{topo.name}[/bold] ({topo.source}): {s['devices']} devices on {s['hosts']} "
         f"host(s), {s['switches']} switches, {s['links']} links"
     )
+    if topo.allreduce_efficiency != 1.0:
+        console.print(f"all-reduce at {topo.allreduce_efficiency:g} of the ring model's bandwidth")
     table = Table(title="Devices")
     for column in ("device", "kind", "host", "memory", "speed"):
         table.add_column(column, justify="right" if column in ("memory", "speed") else "left")
