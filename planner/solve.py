@@ -1130,6 +1130,9 @@ def _to_plan(
         "memory_bytes": dict(sorted(best.memory.items())),
         "memory_limit_bytes": {d: topo.device(d).memory_bytes for d in sorted(best.memory)},
     }
+    steps = list(getattr(res, "step_ms", None) or [])
+    if any(steps):  # as SimResult.predicted: present when the prediction has the step in it
+        predicted["step_ms"] = [round(x, 6) for x in steps]
     rows: list[dict[str, Any]] = []
     failed = {k: v for k, v in (failed or {}).items() if k not in baselines}
     for label in sorted([*baselines, *failed]):

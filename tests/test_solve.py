@@ -299,3 +299,16 @@ def test_requested_schedule_is_used(schedule: str) -> None:
         assert len(plan.stages) == 2 * len({d for s in plan.stages for d in s.devices})
     for dev, used in plan.predicted["memory_bytes"].items():
         assert used <= plan.predicted["memory_limit_bytes"][dev]
+
+
+def test_plan_says_when_its_prediction_includes_the_optimizer_step() -> None:
+    from planner.profile import load_profile
+
+    profile = load_profile(ROOT / "profiles" / "mlp.json")  # has per-layer optimizer_ms
+    topo = load_topology(ROOT / "topologies" / "cpu.yaml")
+    plan = solve(profile, topo, microbatches=4, time_limit=10)
+    steps = plan.predicted["step_ms"]
+    assert len(steps) == len(plan.stages) and all(x > 0 for x in steps)
+    # The same prediction the simulator makes for the plan, step included.
+    again = simulate(profile, topo, plan.stages, plan.schedule["name"], 4, plan.microbatch_size)
+    assert again.step_ms == pytest.approx(steps, rel=1e-6)
