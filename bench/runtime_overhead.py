@@ -11,9 +11,9 @@ optimizer (SGD) and data, on 2 CPU processes with one thread each over gloo:
 Both sides' workers keep freed memory alike (``planner.allocator.keep_freed_memory``, which
 every pipeplan worker calls), so the comparison is of the executors, not of malloc.
 Each side is timed per step as the slowest rank's time from a barrier to the end of its
-step (optimizer included); medians over the measured steps. The sides alternate over
-several rounds in one invocation, so machine load hits both alike. Throughput ratio =
-pipeplan samples/s / torch samples/s (target >= 1.0).
+step (optimizer included); medians over the measured steps. A round runs both sides back
+to back (which goes first alternates); throughput ratio = the median over rounds of the
+round's torch ms / pipeplan ms, i.e. pipeplan samples/s over torch's (target >= 1.0).
 
 Run::
 
@@ -172,7 +172,7 @@ def main() -> None:
         torch_worker(int(r), int(port), sched, int(steps), int(warmup), out)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument(
@@ -189,10 +189,15 @@ def main() -> None:
     rows = []
     for schedule in schedules:
         ours, theirs = [], []
-        for _ in range(args.rounds):  # alternate, so load drift hits both sides
-            ours.append(run_pipeplan(schedule, args.steps, args.warmup)["iteration_ms"])
-            theirs.append(run_torch(schedule, args.steps, args.warmup)["iteration_ms"])
+        for r in range(args.rounds):
+            # Back to back, first one side and then the other in turn: a slow spell of the
+            # machine (seconds to minutes here) then hits both runs of a round alike.
+            sides = [run_pipeplan, run_torch] if r % 2 == 0 else [run_torch, run_pipeplan]
+            got = {side: side(schedule, args.steps, args.warmup)["iteration_ms"] for side in sides}
+            ours.append(got[run_pipeplan])
+            theirs.append(got[run_torch])
         p, t = statistics.median(ours), statistics.median(theirs)
+        per_round = [b / a for a, b in zip(ours, theirs, strict=True)]
         rows.append(
             {
                 "schedule": schedule,
@@ -200,7 +205,8 @@ def main() -> None:
                 "torch_ms": round(t, 3),
                 "pipeplan_rounds_ms": [round(x, 3) for x in ours],
                 "torch_rounds_ms": [round(x, 3) for x in theirs],
-                "throughput_ratio": round(t / p, 3),
+                "round_ratios": [round(x, 3) for x in per_round],
+                "throughput_ratio": round(statistics.median(per_round), 3),
             }
         )
     print(f"model {MODEL.name}, stages {STAGES}, {MICROBATCHES} x {MICROBATCH}, 2 procs x 1 thread")
