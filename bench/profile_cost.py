@@ -126,6 +126,17 @@ def main() -> None:
                 "compared": len(pair_rows),
                 "within_10_percent": sum(r["difference"] <= 0.10 for r in pair_rows),
                 "worst_difference": round(max((r["difference"] for r in pair_rows), default=0), 4),
+                # How the second profile's times compare with the first's (median over rows),
+                # and how the machine's own speed did (reference matmul, mean of before and
+                # after): when the two move together, the machine moved, not the profiler.
+                "median_time_ratio": round(
+                    statistics.median(r["second_ms"] / r["first_ms"] for r in pair_rows), 3
+                )
+                if pair_rows
+                else None,
+                "machine_time_ratio": round(
+                    statistics.mean(reference[i + 1]) / statistics.mean(reference[i]), 3
+                ),
             }
         )
 
@@ -146,7 +157,8 @@ def main() -> None:
         a, b = pair["runs"]
         print(
             f"runs {a} and {b}: {pair['within_10_percent']}/{pair['compared']} within 10%, "
-            f"worst {pair['worst_difference']:.1%}"
+            f"worst {pair['worst_difference']:.1%}; times x{pair['median_time_ratio']}, "
+            f"machine reference x{pair['machine_time_ratio']}"
         )
 
     result = {
