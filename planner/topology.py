@@ -132,7 +132,7 @@ class Topology:
                 field="allreduce_efficiency",
             )
         # The fraction of the ring model's bandwidth the backend's all-reduce reaches: about 1
-        # for NCCL over NVLink, about a third for gloo over loopback TCP (topologies/cpu.yaml).
+        # for NCCL over NVLink, about a fifth for gloo over loopback TCP (topologies/cpu.yaml).
         self.allreduce_efficiency = float(allreduce_efficiency)
         self._index = {d.name: i for i, d in enumerate(self.devices)}
         self._check_graph()
