@@ -15,6 +15,7 @@ from planner.runtime.calibrate import calibrated_profile
 from planner.runtime.comm import message_key, message_order
 from planner.runtime.optimizer import StreamedTwoBW
 from planner.runtime.placement import place
+from planner.runtime.report import RunReport, explain_gap
 from planner.schedule import ActionType, build_schedule
 
 
@@ -129,12 +130,12 @@ def test_zero_bubble_i_and_w_split_as_the_cost_model_charges(
     t = stage_times(synthetic_profile(6), first, first + 1, 1, recompute=recompute)
     assert (t.weight_grad_ms > 0) == w_has_work
     stage, x = _stage(stage_id, recompute)
-    out = stage.forward(0, [x])  # type: ignore[attr-defined]
-    stage.backward_input(0, [torch.ones_like(out[0])])  # type: ignore[attr-defined]
-    after_i = [p.grad is not None for p in stage.params]  # type: ignore[attr-defined]
+    out = stage.forward(0, [x])
+    stage.backward_input(0, [torch.ones_like(out[0])])
+    after_i = [p.grad is not None for p in stage.params]
     assert all(after_i) != w_has_work
-    stage.backward_weight(0)  # type: ignore[attr-defined]
-    assert all(p.grad is not None for p in stage.params)  # type: ignore[attr-defined]
+    stage.backward_weight(0)
+    assert all(p.grad is not None for p in stage.params)
 
 
 def test_worker_env_puts_this_planner_first_on_the_path() -> None:
@@ -143,3 +144,27 @@ def test_worker_env_puts_this_planner_first_on_the_path() -> None:
     env = worker_env({"PYTHONPATH": "/elsewhere"})
     first, rest = env["PYTHONPATH"].split(os.pathsep)
     assert rest == "/elsewhere" and (Path(first) / "planner" / "runtime" / "launch.py").exists()
+
+
+def _report(iteration_ms: float, stage_ms: dict[str, float]) -> RunReport:
+    return RunReport(
+        schedule="1f1b", device="cpu", backend="gloo", world_size=2, shared=False,
+        placement={}, steps=3, warmup=1, microbatch_size=2, num_microbatches=4,
+        iteration_ms=iteration_ms, step_ms=[iteration_ms], predicted_iteration_ms=100.0,
+        losses=[], peak_memory_bytes={}, memory_kind="max_rss", stage_ms=stage_ms,
+    )  # fmt: skip
+
+
+def test_run_report_says_whether_compute_explains_the_gap() -> None:
+    plan = Plan({"path": "x"}, {"path": "y"}, 2, 4, parse_stages("0-1:a;2-3:b"), {"name": "1f1b"})
+    # Profiled per stage: F = 2, B = 4.
+    slow = _report(130.0, {"F0": 2.6, "B0": 5.2, "F1": 2.0, "B1": 4.0})
+    explain_gap(slow, _profile(), plan)
+    assert slow.compute_ratio == pytest.approx(1.3)
+    assert "how fast the stages computed" in slow.notes[-1]
+    elsewhere = _report(130.0, {"F0": 2.0, "B0": 4.0, "F1": 2.0, "B1": 4.0})
+    explain_gap(elsewhere, _profile(), plan)
+    assert "outside the stages' compute" in elsewhere.notes[-1]
+    close = _report(110.0, {"F0": 2.6, "B0": 5.2})
+    explain_gap(close, _profile(), plan)
+    assert close.notes == [] and close.compute_ratio == pytest.approx(1.3)

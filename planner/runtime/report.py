@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["RunReport", "build_report", "measured_trace", "print_run_report", "side_by_side"]
+__all__ = [
+    "explain_gap",
+    "RunReport",
+    "build_report",
+    "measured_trace",
+    "print_run_report",
+    "side_by_side",
+]
 
 
 @dataclass
@@ -53,6 +60,9 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     parameters: dict[str, Any] | None = None  # full-model name -> tensor, when asked for
     profile_path: str | None = None  # the plan's profile, where it was found
+    # The stages' own forward/backward against the profile: the largest measured/profiled
+    # ratio over stages (None without the profile). Near ``ratio``: the gap is compute speed.
+    compute_ratio: float | None = None
 
     @property
     def global_batch(self) -> int:
@@ -95,6 +105,9 @@ class RunReport:
                 "peak_memory_bytes": self.peak_memory_bytes,
                 "memory_kind": self.memory_kind,
                 "stage_ms": {k: round(v, 4) for k, v in self.stage_ms.items()},
+                "compute_ratio": None
+                if self.compute_ratio is None
+                else round(self.compute_ratio, 4),
             },
             "predicted": {
                 "iteration_ms": self.predicted_iteration_ms,
@@ -105,6 +118,41 @@ class RunReport:
             "losses": self.losses,
             "notes": self.notes,
         }
+
+
+def explain_gap(report: RunReport, profile: Any, plan: Any) -> None:
+    """Set ``report.compute_ratio`` from the profile, and where measured and predicted differ
+    by over 15%, add a note saying whether the stages' compute accounts for it.
+
+    Example::
+
+        explain_gap(report, load_profile(report.profile_path), plan)
+        report.compute_ratio   # e.g. 1.21: the slowest stage computed 21% slower than profiled
+    """
+    from planner.runtime.calibrate import stage_ratios
+
+    ratios = stage_ratios(profile, plan, report.stage_ms)
+    if not ratios:
+        return
+    report.compute_ratio = max(max(f, b) for f, b in ratios.values())
+    ratio = report.ratio
+    if ratio is None or abs(ratio - 1.0) <= 0.15:
+        return
+    if abs(report.compute_ratio - ratio) <= 0.1:
+        why = (
+            "most of the gap is how fast the stages computed (machine load, clocks, cores "
+            "shared), not the schedule; --calibrate folds it into a profile"
+        )
+    else:
+        why = (
+            "the gap lies outside the stages' compute (transfers, all-reduce, optimizer step "
+            "or waiting); --trace puts the measured step beside the predicted one"
+        )
+    report.notes = [
+        *report.notes,
+        f"measured / predicted {ratio:.2f} with stage compute at {report.compute_ratio:.2f}x "
+        f"its profiled time: {why}",
+    ]
 
 
 def build_report(
@@ -275,6 +323,8 @@ def print_run_report(report: RunReport, console: Console) -> None:
     table.add_row("samples/s", "-" if ps is None else f"{ps:.1f}", f"{report.samples_per_s:.1f}")
     ratio = report.ratio
     table.add_row("measured / predicted", "", "-" if ratio is None else f"{ratio:.3f}")
+    if report.compute_ratio is not None:
+        table.add_row("stage compute / profiled", "", f"{report.compute_ratio:.3f}")
     if report.losses:
         table.add_row(
             "loss (first -> last step)", "", f"{report.losses[0]:.4f} -> {report.losses[-1]:.4f}"

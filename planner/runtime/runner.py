@@ -28,7 +28,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.plan import Plan
-from planner.runtime.report import RunReport, build_report
+from planner.runtime.report import RunReport, build_report, explain_gap
 
 __all__ = ["check_plan", "check_run_options", "prepare_run", "run_plan"]
 
@@ -348,4 +348,6 @@ def run_plan(
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     report.profile_path = settings.get("profile_path")
+    if settings.get("profile") is not None:
+        explain_gap(report, settings["profile"], plan)
     return report
