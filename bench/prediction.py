@@ -4,12 +4,15 @@ For each example model (``examples/*.py``) a profile measured just before (at th
 microbatch sizes of the committed one; ``--stored-profiles``: the committed profile in
 ``profiles/``) is solved for a 2-process version of
 ``topologies/cpu.yaml`` (2 processes on this 2-core machine, one thread each, as profiled;
-the 4-process topology would oversubscribe the cores) -- row ``solved`` -- and, because
-the solver picks data parallelism for these small models, also the best 2-stage 1F1B
-pipeline by the simulator -- row ``pipeline``; each plan is run with
-``pipeplan run --device cpu``. The ratio is measured / predicted iteration time (target
-within 15% on CPU). With ``--device cuda`` the same is done on the local GPUs with a
-profile measured there (target within 10%); the device is named in the results.
+the 4-process topology would oversubscribe the cores) -- row ``solved`` -- and, so that a
+pipeline is measured whatever the solver picks, the best 2-stage 1F1B pipeline by the
+simulator -- row ``pipeline``. Each plan is run with ``pipeplan run --device cpu``
+``--rounds`` times (default 3), round robin over the plans, so that a slow spell of the
+machine falls on one run of several plans rather than on every run of one. The ratio is
+the median measured iteration time over the rounds / the predicted one (target within 15%
+on CPU); ``round_ratios`` lists each run's. With ``--device cuda`` the same is done on the
+local GPUs with a profile measured there (target within 10%); the device is named in the
+results.
 
 The prediction includes the optimizer step (the profile's per-layer ``optimizer_ms``); the
 table also shows the ratio without the measured optimizer step (``ratio_no_step``), and
@@ -21,7 +24,7 @@ Run::
 
     .venv/bin/python bench/prediction.py                 # table + bench/results/prediction.json
     .venv/bin/python bench/prediction.py --models mlp --steps 5
-    .venv/bin/python bench/prediction.py --quick         # mlp, 3 steps, committed profile
+    .venv/bin/python bench/prediction.py --quick         # mlp, 3 steps, 1 round, committed profile
     .venv/bin/python bench/prediction.py --stored-profiles
 """
 
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -101,11 +105,11 @@ def _pipeline_plan(profile_path: Path, topo_path: Path, mbs: int):  # type: igno
     )
 
 
-def bench_model(
-    name: str, device: str, steps: int, tmp: Path, kind: str = "solved", fresh: bool = True
-) -> dict[str, object]:
+def make_plan(
+    name: str, device: str, tmp: Path, kind: str = "solved", fresh: bool = True
+) -> tuple[Path, Path]:
+    """The model's plan of this kind, saved; returns (plan path, profile path)."""
     from planner.profile.schema import load_profile
-    from planner.runtime import run_plan
     from planner.solve import solve
     from planner.topology import load_topology
 
@@ -127,33 +131,51 @@ def bench_model(
         plan = _pipeline_plan(profile_path, topo_path, plan.microbatch_size)
     plan_path = tmp / f"{name}.{kind}.plan.json"
     plan.save(plan_path)
+    return plan_path, profile_path
+
+
+def measure(name: str, plan_path: Path, device: str, steps: int) -> dict[str, float]:
+    """One ``run`` of the plan: its median step, optimizer step and compute ratio."""
+    from planner.runtime import run_plan
+
     report = run_plan(
         plan_path, ROOT / "examples" / f"{name}.py", steps=steps, warmup=2, device=device,
         threads=1, timeout_s=300,
     )  # fmt: skip
-    m = plan.num_microbatches
     step_ms = max((v for k, v in report.stage_ms.items() if k.startswith("STEP")), default=0.0)
-    predicted = float(plan.predicted["iteration_ms"])
-    from planner.runtime.calibrate import stage_ratios
+    return {
+        "iteration_ms": report.iteration_ms,
+        "step_ms": step_ms,
+        # How much slower the stages' own compute ran than profiled (load, contention).
+        "compute_ratio": report.compute_ratio or 1.0,
+    }
 
-    # How much slower each stage's own compute ran than profiled (load, contention).
-    ratios = stage_ratios(load_profile(profile_path), plan, report.stage_ms)
-    compute = max(max(f, b) for f, b in ratios.values())
+
+def summarise(
+    name: str, kind: str, device: str, plan_path: Path, runs: list[dict[str, float]]
+) -> dict[str, object]:
+    """A row: the plan, its prediction, and the medians of its runs."""
+    from planner.plan import Plan
+
+    plan = Plan.load(plan_path)
+    predicted = float(plan.predicted["iteration_ms"])
+    measured = statistics.median(r["iteration_ms"] for r in runs)
+    step = statistics.median(r["step_ms"] for r in runs)
     return {
         "model": name,
         "kind": kind,
         "device": device,
         "stages": [[s.first, s.last, s.devices, s.recompute] for s in plan.stages],
         "schedule": plan.schedule["name"],
-        "microbatches": f"{m} x {plan.microbatch_size}",
+        "microbatches": f"{plan.num_microbatches} x {plan.microbatch_size}",
         "predicted_ms": round(predicted, 3),
-        "measured_ms": round(report.iteration_ms, 3),
-        "ratio": round(report.iteration_ms / predicted, 3),
-        "optimizer_step_ms": round(step_ms, 3),
-        "ratio_no_step": round((report.iteration_ms - step_ms) / predicted, 3),
-        "compute_ratio": round(compute, 3),
+        "measured_ms": round(measured, 3),
+        "ratio": round(measured / predicted, 3),
+        "round_ratios": [round(r["iteration_ms"] / predicted, 3) for r in runs],
+        "optimizer_step_ms": round(step, 3),
+        "ratio_no_step": round((measured - step) / predicted, 3),
+        "compute_ratio": round(statistics.median(r["compute_ratio"] for r in runs), 3),
         "load_average_1min": os.getloadavg()[0],
-        "step_ms": [round(x, 3) for x in report.step_ms],
     }
 
 
@@ -162,6 +184,7 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,cnn,gpt")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each plan, round robin")
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
     ap.add_argument("--quick", action="store_true", help="the mlp example, 3 steps")
     ap.add_argument(
@@ -171,13 +194,22 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.quick:
-        args.models, args.steps, args.stored_profiles = "mlp", 3, True
+        args.models, args.steps, args.stored_profiles, args.rounds = "mlp", 3, True, 1
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            for kind in ("solved", "pipeline"):
-                fresh = not args.stored_profiles
-                rows.append(bench_model(name, args.device, args.steps, Path(tmp), kind, fresh))
+        plans = [
+            (name, kind, *make_plan(name, args.device, Path(tmp), kind, not args.stored_profiles))
+            for name in args.models.split(",")
+            for kind in ("solved", "pipeline")
+        ]
+        runs: list[list[dict[str, float]]] = [[] for _ in plans]
+        # Round robin over the plans: a slow spell of the machine (seconds to minutes on a
+        # shared VM) then falls on one run of several plans, not on every run of one.
+        for _ in range(args.rounds):
+            for (name, _kind, plan_path, _), into in zip(plans, runs, strict=True):
+                into.append(measure(name, plan_path, args.device, args.steps))
+        for (name, kind, plan_path, _), got in zip(plans, runs, strict=True):
+            rows.append(summarise(name, kind, args.device, plan_path, got))
     head = f"{'model':<6} {'plan':<24} {'pred ms':>9} {'meas ms':>9} {'ratio':>6} {'w/o step':>9}"
     print(head + f" {'compute':>8}")
     for r in rows:
