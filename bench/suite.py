@@ -142,7 +142,11 @@ REGISTRY: tuple[Benchmark, ...] = (
         quick_timeout_s=90,
     ),
     Benchmark(
-        "prediction", "prediction.py", "Runtime: predicted against measured", quick_timeout_s=90
+        "prediction",
+        "prediction.py",
+        "Runtime: predicted against measured",
+        timeout_s=600,
+        quick_timeout_s=90,
     ),
     Benchmark(
         "scaling_on_paper",
