@@ -4,8 +4,9 @@ glibc's malloc gives freed memory back to the kernel: it trims the top of the he
 blocks over the mmap threshold (128 KiB, raised dynamically up to 32 MiB) are unmapped on
 free. A training step then faults the same pages in again each time: on the 2-core
 development VM a minor fault costs 3-4 us, a GPT pipeline step took 5,000-30,000 of them,
-and Adam's step over the MLP example (4.7 M parameters, one thread) took 25 ms instead of
-12-13 ms, all in the temporaries it allocates. Whether a process keeps freed memory thus
+and Adam's step over the MLP example (4.7 M parameters, one thread) took 15-35 ms with
+2,000-8,000 faults instead of 10-22 ms with none (``python bench/allocator.py``), all in the
+temporaries it allocates. Whether a process keeps freed memory thus
 changes measured times by up to 2x, so the profiler and every ``run`` worker keep it alike:
 :func:`keep_freed_memory` sets, with ``mallopt``, a trim threshold of 1 GiB, an mmap
 threshold of 32 MiB (glibc's ceiling) and a top pad of 64 MiB.
