@@ -721,40 +721,7 @@ def simulate_schedule(
                             pending.append(skey)
                             p += 1
                             continue
-                        # launch([skey]) unrolled for the usual case, where the transfer
-                        # is next in line on its links and nothing behind it is ready.
-                        links, lat, wire_ms, src, dst = route_of[skey]
-                        start = t
-                        for link in links:
-                            if head_key[link] != skey:
-                                break
-                            if link_free[link] > start:
-                                start = link_free[link]
-                        else:
-                            end = start + lat + wire_ms
-                            stack = None
-                            for link in links:
-                                link_free[link] = end
-                                h = head[link] + 1
-                                head[link] = h
-                                after = queues[link][h]
-                                head_key[link] = after
-                                if ready_at[after] >= 0.0:
-                                    if stack is None:
-                                        stack = [after]
-                                    else:
-                                        stack.append(after)
-                            arrival[skey] = end
-                            if record:
-                                into, back = divmod(skey, 2)
-                                nbytes = cut[into // total_mb + back]
-                                raw_transfers.append((src, dst, back, into, start, end, nbytes))
-                            w = waiting[skey]
-                            if w >= 0:
-                                waiting[skey] = -1
-                                runnable.append(w)
-                            if stack is not None:
-                                launch(stack)
+                        launch([skey])
                 p += 1
             pos[di] = p
             clock[di] = t
