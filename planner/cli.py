@@ -21,7 +21,7 @@ import typer
 try:  # typer >= 0.29 carries its own copy of click
     from typer._click.exceptions import UsageError
 except ImportError:  # pragma: no cover - older typer on top of click
-    from click.exceptions import UsageError  # type: ignore[no-redef]
+    from click.exceptions import UsageError  # type: ignore[assignment,no-redef,unused-ignore]
 
 from planner.errors import InputError
 

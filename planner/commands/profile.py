@@ -49,7 +49,8 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
     m = profile.measurement(size)
     table = Table(
-        title=f"{profile.model} on {profile.device}, microbatch size {size} (times in ms)",
+        title=f"{profile.model} on {profile.device}, microbatch size {size} (times in ms)"
+        + (f", captured with {profile.meta['capture']}" if profile.meta.get("capture") else ""),
         caption="bwd: whole backward; in, wt: its two halves; opt: optimizer step; "
         "act: saved for bwd",
     )
@@ -95,6 +96,7 @@ def run_profile(
     threads: int = 1,
     optimizer: str = "adam",
     split_at: str | None = None,
+    capture: str = "auto",
     console: Console | None = None,
     show_progress: bool = True,
 ) -> tuple[Profile, Path]:
@@ -109,6 +111,7 @@ def run_profile(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from planner.errors import InputError
     from planner.fileio import check_output_path
     from planner.profile.loader import load_model_file
     from planner.profile.measure import (
@@ -117,9 +120,14 @@ def run_profile(
         parse_microbatch_sizes,
         profile_model,
     )
+    from planner.profile.split import CAPTURES
 
     err = console or Console(stderr=True)
     microbatch_sizes = parse_microbatch_sizes(sizes)
+    if capture not in CAPTURES:
+        raise InputError(
+            f"expected one of {', '.join(CAPTURES)}, got {capture!r}", field="--capture"
+        )
     optimizer_state_bytes(0, optimizer)
     check_device(device)
     if output is not None:
@@ -153,6 +161,7 @@ def run_profile(
             threads=threads,
             optimizer=optimizer,
             split_at=split_at,
+            capture=capture,
             progress=progress,
         )
     profile.save(output)
@@ -182,9 +191,15 @@ def profile(
         "--split-at",
         help=(
             "Module-name globs that start a layer, comma-separated (e.g. 'blocks.*'). Default: "
-            "an nn.Sequential's children, else the blocks of the largest ModuleList."
+            "an nn.Sequential's children, a Hugging Face model's own pipeline plan, else the "
+            "blocks of the largest ModuleList (and of a second stack of similar size)."
         ),
         show_default=False,
+    ),
+    capture: str = typer.Option(
+        "auto",
+        "--capture",
+        help="How to capture forward(): fx, export (torch.export), or auto (fx, else export).",
     ),
     repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
@@ -199,9 +214,9 @@ def profile(
 ) -> None:
     """Measure each layer's forward and backward times and memory; write a profile JSON.
 
-    Layers: an nn.Sequential's children; any other model is captured with torch.fx.
-
-    It is cut between the blocks of its largest ModuleList (or --split-at), plus before/after.
+    Layers: an nn.Sequential's children; any other model is captured with torch.fx or, where
+    fx fails (Hugging Face models), torch.export, and cut at module boundaries: --split-at,
+    the model's own pipeline plan, or between the blocks of its largest ModuleList.
 
     Times are medians of --repeat runs; details and the file format in docs/profile.md.
 
@@ -221,6 +236,7 @@ def profile(
         threads=threads,
         optimizer=optimizer,
         split_at=split_at,
+        capture=capture,
         console=err,
         show_progress=not quiet and not as_json,
     )

@@ -16,10 +16,12 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -92,8 +94,9 @@ class UserModel:
             )
         return model
 
-    def batch(self, batch_size: int) -> tuple[tuple[Any, ...], Any]:
-        """``sample_batch(batch_size)`` as ``(inputs as a tuple, targets)``."""
+    def batch(self, batch_size: int) -> tuple[Any, Any]:
+        """``sample_batch(batch_size)`` as ``(inputs, targets)``: inputs a tuple of tensors,
+        or a dict of keyword tensors (``input_ids``, ``attention_mask``, ...)."""
         import torch
 
         result = self._call("sample_batch", self.sample_batch, batch_size)
@@ -105,20 +108,54 @@ class UserModel:
                 field="sample_batch",
             )
         inputs, targets = result
+        if isinstance(inputs, Mapping):
+            keyword = dict(inputs)
+            if keyword and all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in keyword.items()
+            ):
+                return keyword, targets
+            raise InputError(
+                "expected the keyword inputs from sample_batch to map names to tensors",
+                file=str(self.path),
+                field="sample_batch",
+            )
         inputs = tuple(inputs) if isinstance(inputs, tuple | list) else (inputs,)
         if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
             raise InputError(
-                "expected the inputs from sample_batch to be a tensor or a tuple of tensors",
+                "expected the inputs from sample_batch to be a tensor, a tuple of tensors or "
+                "a dict of keyword tensors",
                 file=str(self.path),
                 field="sample_batch",
             )
         return inputs, targets
 
+    def takes_whole_output(self) -> bool:
+        """Whether ``loss_fn`` asks for the model's whole output object: its first
+        parameter is annotated with a class whose name ends in ``Output`` (a Hugging Face
+        ``ModelOutput``), instead of receiving ``.logits``."""
+        if self.loss_fn is None:
+            return False
+        try:
+            params = list(inspect.signature(self.loss_fn).parameters.values())
+            hints = typing.get_type_hints(self.loss_fn)
+        except Exception:
+            return False
+        if not params:
+            return False
+        hint = hints.get(params[0].name, params[0].annotation)
+        name = getattr(hint, "__name__", str(hint))
+        return name.endswith("Output") or name.endswith("ModelOutput")
+
     def loss(self, outputs: Any, targets: Any) -> Any:
-        """The user's ``loss_fn`` or :func:`default_loss`; must give a scalar tensor."""
+        """The user's ``loss_fn`` or :func:`default_loss`; must give a scalar tensor.
+
+        A Hugging Face ``ModelOutput`` is passed as its ``.logits`` unless
+        :meth:`takes_whole_output`."""
         import torch
 
         fn = self.loss_fn or default_loss
+        if _is_model_output(outputs) and not self.takes_whole_output():
+            outputs = outputs["logits"]
         value = self._call("loss_fn", fn, outputs, targets)
         if not (isinstance(value, torch.Tensor) and value.numel() == 1):
             raise InputError(
@@ -137,6 +174,11 @@ class UserModel:
                 file=str(self.path),
                 field=what,
             ) from None
+
+
+def _is_model_output(value: Any) -> bool:
+    # A Hugging Face ModelOutput is an ordered dict of its non-None fields.
+    return isinstance(value, Mapping) and "logits" in value
 
 
 def load_model_file(path: str | os.PathLike[str]) -> UserModel:

@@ -149,6 +149,7 @@ def profile_model(
     threads: int = 1,
     optimizer: str = "adam",
     split_at: str | None = None,
+    capture: str = "auto",
     progress: ProgressFn | None = None,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
@@ -157,6 +158,8 @@ def profile_model(
     With one thread, intervals are that thread's CPU time (``time.thread_time``): on a shared
     machine, time other processes take the core from it is not charged to the layer. With
     more threads, the wall clock. On CUDA, CUDA events. ``meta["clock"]`` records which.
+    ``capture`` picks torch.fx or torch.export (``auto``: see
+    :func:`planner.profile.split.capture_model`); ``meta["capture"]`` records which ran.
 
     Example::
 
@@ -180,7 +183,7 @@ def profile_model(
     if settings.device.type == "cpu":
         torch.set_num_threads(threads)
     try:
-        split, model = _prepare(user, sizes[0], settings, split_at)
+        split, model = _prepare(user, sizes[0], settings, split_at, capture)
         params = split.layer_parameters()
         layers = [
             Layer(
@@ -191,7 +194,7 @@ def profile_model(
             )
             for name, ps in zip(split.names, params, strict=True)
         ]
-        prepared = [_prepare_size(user, split, size, settings) for size in sizes]
+        prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
 
         def after_repeat(r: int) -> None:
             if progress is not None:
@@ -265,13 +268,16 @@ class _PreparedSize:
     facts: list[tuple[int, int, int]]  # per layer: output, saved and workspace bytes
 
 
-def _prepare_size(user: UserModel, split: Any, size: int, settings: _Settings) -> _PreparedSize:
+def _prepare_size(
+    user: UserModel, split: Any, size: int, settings: _Settings, split_at: str | None
+) -> _PreparedSize:
     from planner.profile.split import tensor_bytes
 
     inputs, targets = user.batch(size)
     inputs = _to(inputs, settings.device)
     targets = _to(targets, settings.device)
-    values: Any = inputs
+    split = _split_for(user, split, inputs, split_at)
+    values: Any = split.flat_inputs(inputs)
     runners: list[_Runner] = []
     facts: list[tuple[int, int, int]] = []
     for k, layer in enumerate(split.layers):
@@ -586,11 +592,14 @@ class _Runner:
         return result, (clock() - t0) * 1000.0
 
 
-def _prepare(user: UserModel, size: int, settings: _Settings, split_at: str | None) -> Any:
+def _prepare(
+    user: UserModel, size: int, settings: _Settings, split_at: str | None, capture: str
+) -> Any:
     """Build the model, check it accepts its own sample batch, and split it."""
     import torch
 
-    from planner.profile.split import split_model
+    from planner.profile.export_graph import call_for_training
+    from planner.profile.split import capture_model
 
     torch.manual_seed(0)
     model = user.build().to(settings.device)
@@ -598,9 +607,14 @@ def _prepare(user: UserModel, size: int, settings: _Settings, split_at: str | No
     inputs, targets = user.batch(size)
     inputs, targets = _to(inputs, settings.device), _to(targets, settings.device)
     try:
-        outputs = model(*inputs)
+        outputs = call_for_training(model, inputs)
     except Exception as exc:
-        shapes = ", ".join(f"{tuple(x.shape)} {str(x.dtype).replace('torch.', '')}" for x in inputs)
+        named = inputs.items() if isinstance(inputs, dict) else enumerate(inputs)
+        shapes = ", ".join(
+            f"{'' if isinstance(k, int) else k + ': '}{tuple(x.shape)} "
+            f"{str(x.dtype).replace('torch.', '')}"
+            for k, x in named
+        )
         raise InputError(
             f"the model rejected sample_batch({size}) inputs [{shapes}]: "
             f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
@@ -610,8 +624,32 @@ def _prepare(user: UserModel, size: int, settings: _Settings, split_at: str | No
     # One full step also warms up the allocator and kernels before anything is timed.
     user.loss(outputs, targets).backward()
     model.zero_grad(set_to_none=True)
-    split = split_model(model, len(inputs), split_at, source=user.path)
+    split = capture_model(model, inputs, split_at, capture=capture, source=user.path)
     return split, model
+
+
+def _split_for(user: UserModel, split: Any, inputs: Any, split_at: str | None) -> Any:
+    """The split to measure ``inputs`` with: an exported graph is specialised to its
+    microbatch size, so another size is captured again (and must cut the same way)."""
+    from planner.profile.split import capture_model
+
+    size = _batch_size(inputs)
+    if split.batch_size is None or split.batch_size == size:
+        return split
+    again = capture_model(split.model, inputs, split_at, capture="export", source=user.path)
+    if again.names != split.names:
+        raise InputError(
+            f"the model splits into other layers at microbatch size {size} "
+            f"({again.names[:3]}...) than at {split.batch_size} ({split.names[:3]}...)",
+            file=str(user.path),
+            field="-b",
+        )
+    return again
+
+
+def _batch_size(inputs: Any) -> int:
+    values = inputs.values() if isinstance(inputs, dict) else inputs
+    return next(int(t.shape[0]) for t in values if getattr(t, "dim", lambda: 0)())
 
 
 def _leaf(value: Any) -> Any:
@@ -752,6 +790,7 @@ def _meta(
         "warmup": settings.warmup,
         "split_at": split_at,
         "split_points": list(split.split_points),
+        "capture": split.capture,
         "wall_seconds": round(seconds, 2),
         "host": host,
         "allocator": keep_freed_memory(),

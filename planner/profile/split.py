@@ -33,7 +33,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,21 @@ from torch import fx, nn
 
 from planner.errors import InputError
 
-__all__ = ["SplitModel", "Stage", "discover_split_points", "split_model", "tensor_bytes"]
+__all__ = [
+    "CAPTURES",
+    "OutputLayer",
+    "SplitModel",
+    "Stage",
+    "capture_model",
+    "discover_split_points",
+    "hugging_face_split_points",
+    "retarget_device",
+    "split_model",
+    "tensor_bytes",
+]
+
+CAPTURES = ("auto", "fx", "export")
+"""How a forward is captured: ``auto`` tries torch.fx, then torch.export."""
 
 
 def tensor_bytes(value: Any) -> int:
@@ -90,20 +104,76 @@ def discover_split_points(model: nn.Module, split_at: str | None = None) -> list
         return outer
     if isinstance(model, nn.Sequential):
         return _flatten_sequential(model, "")
+    declared = hugging_face_split_points(model)
+    if declared:
+        return declared
+    stacks = _block_stacks(model)
+    if stacks:
+        return [f"{name}.{child}" for name, mod in stacks for child, _ in mod.named_children()]
+    # No container: the top-level children, so a plain custom model still gets layers.
+    return [name for name, _ in model.named_children()]
+
+
+def hugging_face_split_points(model: nn.Module) -> list[str]:
+    """Split points from a Hugging Face model's own pipeline plan (``_pp_plan``), if any.
+
+    transformers declares, for the Llama family and others, the modules a pipeline cuts
+    between: the embedding, each decoder layer, the final norm and the head. A ModuleList
+    entry stands for its children. The outermost module that declares a plan is used, so a
+    user's wrapper around the model works too.
+
+    Example::
+
+        hugging_face_split_points(LlamaForCausalLM(config))
+        # ['model.embed_tokens', 'model.layers.0', ..., 'model.norm', 'lm_head']
+    """
+    for prefix, module in model.named_modules():
+        plan = getattr(module, "_pp_plan", None)
+        if not isinstance(plan, dict) or not plan:
+            continue
+        points: list[str] = []
+        base = f"{prefix}." if prefix else ""
+        for key in plan:
+            try:
+                target = module.get_submodule(key)
+            except AttributeError:
+                return []  # a plan naming modules this model lacks: not to be trusted
+            if isinstance(target, nn.ModuleList):
+                points += [f"{base}{key}.{child}" for child, _ in target.named_children()]
+            else:
+                points.append(f"{base}{key}")
+        order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+        return sorted(points, key=lambda n: order.get(n, len(order)))
+    return []
+
+
+def _block_stacks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The containers of blocks: the largest ``ModuleList``/``Sequential`` by parameters,
+    and any other one, not nested in it, at least half its size (an encoder-decoder's two
+    stacks), in definition order."""
     containers = [
         (name, mod)
         for name, mod in model.named_modules()
         if name and isinstance(mod, nn.ModuleList | nn.Sequential) and len(mod) > 0
     ]
-    if containers:
-        # Largest by parameters: the stack of blocks, not a small Sequential inside a block.
-        def size(item: tuple[str, nn.Module]) -> tuple[int, int]:
-            return sum(p.numel() for p in item[1].parameters()), len(list(item[1].children()))
+    if not containers:
+        return []
 
-        name, largest = max(containers, key=size)  # max keeps the first of equals
-        return [f"{name}.{child}" for child, _ in largest.named_children()]
-    # No container: the top-level children, so a plain custom model still gets layers.
-    return [name for name, _ in model.named_children()]
+    # Largest by parameters: the stack of blocks, not a small Sequential inside a block.
+    def size(item: tuple[str, nn.Module]) -> tuple[int, int]:
+        return sum(p.numel() for p in item[1].parameters()), len(list(item[1].children()))
+
+    largest = max(containers, key=size)  # max keeps the first of equals
+    chosen = [largest]
+    for item in containers:
+        nested = any(
+            item[0].startswith(c[0] + ".") or c[0].startswith(item[0] + ".") for c in chosen
+        )
+        big = 2 * size(item)[0] >= size(largest)[0] and len(item[1]) >= 2
+        if item is not largest and not nested and big:
+            chosen.append(item)
+    order = {name: i for i, (name, _) in enumerate(containers)}
+    return sorted(chosen, key=lambda item: order[item[0]])
 
 
 def _flatten_sequential(seq: nn.Sequential, prefix: str) -> list[str]:
@@ -146,29 +216,59 @@ class SplitModel:
     """A model cut into layers; see the module docstring.
 
     Attributes: ``model`` (the original, sharing parameters with the layers), ``layers``
-    (one GraphModule per layer), ``names``, ``split_points``, ``num_inputs``, and
-    ``cut_names[c]``: the traced names of the values entering layer ``c``.
+    (one module per layer), ``names``, ``split_points``, ``num_inputs``, and
+    ``cut_names[c]``: the traced names of the values entering layer ``c``. ``capture`` says
+    how the graph was captured (``"fx"``, ``"export"``, or ``"export-eval"``: exported in
+    eval mode because the model has no dropout and branches on a random draw in training);
+    ``input_names`` are the keyword inputs the first layer takes positionally, in order
+    (empty for positional inputs);
+    ``batch_size`` is the microbatch size an exported graph is specialised to (None: any).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        layers: list[fx.GraphModule],
+        layers: Sequence[nn.Module],
         names: list[str],
         split_points: list[str],
         num_inputs: int,
         cut_names: list[list[str]],
+        *,
+        capture: str = "fx",
+        input_names: tuple[str, ...] = (),
+        batch_size: int | None = None,
     ):
         self.model = model
-        self.layers = layers
+        self.layers = list(layers)
         self.names = names
         self.split_points = split_points
         self.num_inputs = num_inputs
         self.cut_names = cut_names
+        self.capture = capture
+        self.input_names = input_names
+        self.batch_size = batch_size
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def flat_inputs(self, inputs: Any) -> tuple[Any, ...]:
+        """The first layer's positional inputs from ``sample_batch``'s inputs.
+
+        Example::
+
+            split.flat_inputs({"input_ids": ids, "attention_mask": mask})  # (ids, mask)
+        """
+        if isinstance(inputs, Mapping):
+            missing = [k for k in self.input_names if k not in inputs]
+            if missing or len(inputs) != len(self.input_names):
+                raise InputError(
+                    f"expected the keyword inputs {list(self.input_names)} the model was "
+                    f"captured with, got {list(inputs)}",
+                    field="sample_batch",
+                )
+            return tuple(inputs[k] for k in self.input_names)
+        return tuple(inputs)
 
     def stage(self, first: int, last: int) -> Stage:
         """Layers ``first..last`` (inclusive) as one module.
@@ -205,6 +305,26 @@ class SplitModel:
         return self.stage(0, self.num_layers - 1)(*inputs)
 
 
+class OutputLayer(nn.Module):
+    """The last layer of an exported graph: rebuilds the model's own output structure (a
+    ``ModelOutput``, a tuple) from the graph's flat outputs.
+
+    Example::
+
+        out = split.layers[-1](*values)     # e.g. CausalLMOutput(logits=...)
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, out_spec: Any):
+        super().__init__()
+        self.graph_module = graph_module
+        self.out_spec = out_spec
+
+    def forward(self, *inputs: Any) -> Any:
+        from torch.utils import _pytree
+
+        return _pytree.tree_unflatten(list(self.graph_module(*inputs)), self.out_spec)
+
+
 class Stage(nn.Module):
     """A contiguous range of layers; takes the cut before ``first``, returns the cut after
     ``last`` as a tuple (or the model's output when ``last`` is the final layer).
@@ -235,30 +355,182 @@ def split_model(
     *,
     source: str | os.PathLike[str] | None = None,
 ) -> SplitModel:
-    """Capture ``model``'s forward and cut it into layers (see the module docstring).
+    """Capture ``model``'s forward with torch.fx and cut it into layers (module docstring).
 
     ``num_inputs`` is how many positional inputs the model is called with; later parameters
     of ``forward`` keep their defaults. ``source`` (the model.py) is named in errors.
+    :func:`capture_model` chooses between torch.fx and torch.export.
 
     Example::
 
         split = split_model(build_model(), num_inputs=1, split_at="blocks.*")
         split.names    # ['embed', 'blocks.0', ..., 'head']
     """
-    try:
+    with _naming(source):
         points = discover_split_points(model, split_at)
         graph = _trace(model, points, num_inputs)
-        plan = _plan(graph, points)
-    except InputError as exc:
-        if exc.file is None and source is not None:
-            raise InputError(exc.message, file=str(source), field=exc.field) from None
-        raise
+        plan = _plan(graph, _fx_run_key(points), _fx_leaf, bool(points))
     layers = [
         _build_layer(model, graph, plan, k, k == len(plan.names) - 1)
         for k in range(len(plan.names))
     ]
     cut_names = [[n.name for n in cut] for cut in plan.cuts]
     return SplitModel(model, layers, plan.names, points, num_inputs, cut_names)
+
+
+def capture_model(
+    model: nn.Module,
+    inputs: tuple[Any, ...] | Mapping[str, Any],
+    split_at: str | None = None,
+    *,
+    capture: str = "auto",
+    source: str | os.PathLike[str] | None = None,
+) -> SplitModel:
+    """Capture ``model``'s forward on the sample ``inputs`` and cut it into layers.
+
+    ``capture``: ``fx`` (symbolic tracing; positional inputs; the layers take any batch
+    size), ``export`` (torch.export, non-strict; positional or keyword inputs; the layers
+    are specialised to the sample's shapes), or ``auto``: fx for positional inputs when it
+    traces and its layers reproduce the model's output on ``inputs``, else export.
+
+    Example::
+
+        split = capture_model(hf_gpt2, {"input_ids": ids})      # export
+        split.capture, split.names[:2]    # ('export', ['transformer.wte+...', 'transformer.h.0'])
+    """
+    if capture == "export-eval":  # what a profile records; the same rule finds it again
+        capture = "export"
+    if capture not in CAPTURES:
+        raise InputError(
+            f"expected one of {', '.join(CAPTURES)}, got {capture!r}", field="--capture"
+        )
+    keyword = isinstance(inputs, Mapping)
+    if capture == "fx" or (capture == "auto" and not keyword):
+        if keyword:
+            raise InputError(
+                "torch.fx capture takes positional inputs only; use --capture export",
+                field="--capture",
+            )
+        try:
+            split = split_model(model, len(inputs), split_at, source=source)
+            if capture == "fx" or _reproduces(model, split, inputs):
+                return split
+        except InputError:
+            if capture == "fx":
+                raise
+    split = _export_split(model, inputs, split_at, source)
+    if split.capture == "export-eval" and not _reproduces(model, split, inputs):
+        raise InputError(
+            "torch.export stopped on a random branch in training mode, and the graph "
+            "captured in eval mode does not reproduce the training-mode output",
+            file=None if source is None else str(source),
+            field="build_model",
+        )
+    return split
+
+
+def _export_split(
+    model: nn.Module,
+    inputs: tuple[Any, ...] | Mapping[str, Any],
+    split_at: str | None,
+    source: str | os.PathLike[str] | None,
+) -> SplitModel:
+    from planner.profile.export_graph import export_graph
+
+    with _naming(source):
+        points = discover_split_points(model, split_at)
+        captured = export_graph(model, inputs)
+        plan = _plan(captured.graph, _export_run_key(points), _export_leaf(points), bool(points))
+    last = len(plan.names) - 1
+    layers: list[nn.Module] = [
+        _build_layer(captured.attributes, captured.graph, plan, k, k == last)
+        for k in range(len(plan.names))
+    ]
+    layers[last] = OutputLayer(layers[last], captured.out_spec)  # type: ignore[arg-type]
+    capture = "export-eval" if captured.in_eval_mode else "export"
+    cut_names = [[n.name for n in cut] for cut in plan.cuts]
+    tensors = [v for v in (inputs.values() if isinstance(inputs, Mapping) else inputs)]
+    batch = next((int(t.shape[0]) for t in tensors if isinstance(t, torch.Tensor) and t.dim()), 0)
+    return SplitModel(
+        model,
+        layers,
+        plan.names,
+        points,
+        len(captured.input_names),
+        cut_names,
+        capture=capture,
+        input_names=captured.input_names if isinstance(inputs, Mapping) else (),
+        batch_size=batch or None,
+    )
+
+
+class _naming:
+    """Name the model file in an InputError raised inside, when it names none."""
+
+    def __init__(self, source: str | os.PathLike[str] | None):
+        self.source = source
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if isinstance(exc, InputError) and exc.file is None and self.source is not None:
+            raise InputError(exc.message, file=str(self.source), field=exc.field) from None
+
+
+def _reproduces(model: nn.Module, split: SplitModel, inputs: Any) -> bool:
+    """Whether the split model gives the model's own output on ``inputs`` (same RNG seed,
+    buffers restored afterwards): a traced graph that baked in a branch does not."""
+    from planner.profile.export_graph import call_for_training
+
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.no_grad():
+            state = torch.random.get_rng_state()
+            expected = call_for_training(model, inputs)
+            torch.random.set_rng_state(state)
+            got = split(*split.flat_inputs(inputs))
+    except Exception:
+        return False
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+    return _same(expected, got)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and (a is b or a == b)
+
+
+def retarget_device(module: nn.Module, device: Any) -> None:
+    """Point the device constants of exported layers in ``module`` at ``device``.
+
+    An exported graph names the device it was captured on (``torch.arange(...,
+    device='cpu')``); a stage moved to another device must create its tensors there.
+
+    Example::
+
+        stage = split.stage(0, 3).to("cuda:0"); retarget_device(stage, "cuda:0")
+    """
+    target = torch.device(device)
+    for sub in module.modules():
+        if not isinstance(sub, fx.GraphModule):
+            continue
+        changed = False
+        for node in sub.graph.nodes:
+            current = node.kwargs.get("device")
+            if isinstance(current, torch.device) and current != target:
+                node.update_kwarg("device", target)
+                changed = True
+        if changed:
+            sub.recompile()
 
 
 def _trace(model: nn.Module, points: Sequence[str], num_inputs: int) -> fx.Graph:
@@ -308,46 +580,92 @@ def _drop_concrete_placeholders(graph: fx.Graph, num_inputs: int) -> None:
         graph.erase_node(node)
 
 
-def _plan(graph: fx.Graph, points: Sequence[str]) -> _Plan:
-    nodes = list(graph.nodes)
+RunKey = Callable[[fx.Node], Any]
+"""Which call of a split point a node belongs to (None: outside every split point)."""
+
+
+def _fx_run_key(points: Sequence[str]) -> RunKey:
+    # A traced graph calls each split point as one call_module node: each call is a run.
     point_set = set(points)
-    calls = [i for i, n in enumerate(nodes) if n.op == "call_module" and n.target in point_set]
-    if not calls and not points:  # a model without submodules: one layer, the whole model
-        calls = [len(nodes)]
-    elif not calls:
-        raise InputError(
-            f"forward() never calls the split points ({', '.join(points[:4])}...)",
-            field="--split-at",
-        )
-    call_set, last_call = set(calls), calls[-1]
-    layer_of: dict[fx.Node, int] = {}
+
+    def key(node: fx.Node) -> Any:
+        return node if node.op == "call_module" and node.target in point_set else None
+
+    return key
+
+
+def _fx_leaf(node: fx.Node) -> str | None:
+    return str(node.target) if node.op == "call_module" else None
+
+
+def _export_leaf(points: Sequence[str]) -> Callable[[fx.Node], str | None]:
+    """The module an exported node is named after: the outermost module of its stack that
+    is a split point or holds none (what torch.fx would have kept as a leaf)."""
+    from planner.profile.export_graph import module_path
+
+    point_set = set(points)
+    prefixes = {p[:i] for p in points for i in range(len(p)) if p[i] == "."}
+
+    def leaf(node: fx.Node) -> str | None:
+        for name in module_path(node):
+            if name in point_set or name not in prefixes:
+                return name
+        return None
+
+    return leaf
+
+
+def _export_run_key(points: Sequence[str]) -> RunKey:
+    # Consecutive operations inside one split point are one call of it.
+    leaf, point_set = _export_leaf(points), set(points)
+
+    def key(node: fx.Node) -> Any:
+        name = leaf(node)
+        return name if name in point_set else None
+
+    return key
+
+
+def _plan(
+    graph: fx.Graph,
+    run_key: RunKey,
+    leaf_of: Callable[[fx.Node], str | None],
+    has_points: bool = True,
+) -> _Plan:
+    """Group the graph's nodes into layers: each run of a split point starts one; code
+    after a run up to the next belongs to it; code before the first run is one more layer,
+    and code after the last run another."""
+    nodes = [n for n in graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    keys = [run_key(n) for n in nodes]
+    starts = [i for i, k in enumerate(keys) if k is not None and (i == 0 or keys[i - 1] != k)]
+    if not starts and not has_points:  # a model without submodules: one layer, the whole model
+        starts = [len(nodes)]
+    elif not starts:
+        raise InputError("forward() never calls the split points", field="--split-at")
+    last_run_end = max(i for i, k in enumerate(keys) if k is not None) if any(keys) else -1
+    start_set = set(starts)
     members: list[list[fx.Node]] = [[]]  # layer 0 is the code before the first split point
     in_tail = False
     for i, node in enumerate(nodes):
-        if node.op in ("placeholder", "get_attr", "output"):
-            continue
-        if i in call_set:
+        if i in start_set:
             members.append([])
-        elif i > last_call and not in_tail:  # code after the last split point: one more layer
-            members.append([])
+        elif i > last_run_end and not in_tail and last_run_end >= 0:
+            members.append([])  # code after the last split point: one more layer
             in_tail = True
         members[-1].append(node)
     # Drop empty layers (no code before the first split point, say) and renumber.
     members = [m for m in members if m]
     if not members:
         raise InputError("forward() computes nothing to profile", field="build_model")
-    for k, group in enumerate(members):
-        for node in group:
-            layer_of[node] = k
-    num_layers = len(members)
-    names = _unique([_layer_name(group, k) for k, group in enumerate(members)])
-    cuts = _cuts(nodes, layer_of, num_layers)
+    layer_of = {node: k for k, group in enumerate(members) for node in group}
+    names = _unique([_layer_name(group, k, leaf_of) for k, group in enumerate(members)])
+    cuts = _cuts(list(graph.nodes), layer_of, len(members))
     return _Plan(layer_of=layer_of, cuts=cuts, names=names)
 
 
-def _layer_name(group: list[fx.Node], k: int) -> str:
+def _layer_name(group: list[fx.Node], k: int, leaf_of: Callable[[fx.Node], str | None]) -> str:
     # Named after the modules it calls, so names match --split-at globs and the model's code.
-    targets = list(dict.fromkeys(str(n.target) for n in group if n.op == "call_module"))
+    targets = list(dict.fromkeys(t for t in (leaf_of(n) for n in group) if t))
     if not targets:
         return f"layer{k}"
     if len(targets) > 3:
@@ -388,8 +706,9 @@ def _cuts(
 
 
 def _build_layer(
-    model: nn.Module, graph: fx.Graph, plan: _Plan, k: int, is_last: bool
+    root: nn.Module | dict[str, Any], graph: fx.Graph, plan: _Plan, k: int, is_last: bool
 ) -> fx.GraphModule:
+    """Layer ``k`` as a GraphModule whose attributes are ``root``'s very objects."""
     new = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in plan.cuts[k]:
@@ -411,5 +730,4 @@ def _build_layer(
     else:
         new.output(tuple(lookup(n) for n in plan.cuts[k + 1]))
     new.lint()
-    layer = fx.GraphModule(model, new, class_name=f"Layer{k}")
-    return layer
+    return fx.GraphModule(root, new, class_name=f"Layer{k}")

@@ -99,7 +99,8 @@ def check_plan(
 ) -> dict[str, Any]:
     """Refuse a plan that does not fit ``model_path``; returns the run's settings.
 
-    The result has ``optimizer``, ``split_at``, ``threads`` (of the profile, when found),
+    The result has ``optimizer``, ``split_at``, ``capture``, ``threads`` (of the profile,
+    when found),
     the validated ``schedule`` and ``notes`` for the report.
 
     Example::
@@ -126,6 +127,7 @@ def check_plan(
     settings: dict[str, Any] = {
         "optimizer": "adam",
         "split_at": None,
+        "capture": "auto",
         "threads": None,
         "schedule": schedule,
         "profile": None,
@@ -157,6 +159,7 @@ def check_plan(
             )
         settings["optimizer"] = profile.optimizer
         settings["split_at"] = profile.meta.get("split_at")
+        settings["capture"] = profile.meta.get("capture") or "fx"  # older profiles: fx only
         settings["threads"] = profile.meta.get("threads")
         settings["layer_names"] = [layer.name for layer in profile.layers]
     settings["num_layers"] = max(s.last for s in plan.stages) + 1
@@ -168,13 +171,16 @@ def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], p
     import torch
 
     from planner.profile.loader import load_model_file
-    from planner.profile.split import split_model
+    from planner.profile.split import capture_model
 
     user = load_model_file(model_path)
     torch.manual_seed(0)
     model = user.build()
+    model.train()
     inputs, _ = user.batch(plan.microbatch_size)
-    split = split_model(model, len(inputs), settings.get("split_at"), source=model_path)
+    split = capture_model(
+        model, inputs, settings.get("split_at"), capture=settings["capture"], source=model_path
+    )
     names = settings.get("layer_names")
     if names is not None and list(split.names) != list(names):
         raise InputError(
@@ -277,6 +283,7 @@ def worker_config(
         "threads": int(threads),
         "optimizer": settings["optimizer"],
         "split_at": settings.get("split_at"),
+        "capture": settings.get("capture", "auto"),
         "lr": lr,
         "return_params": return_params,
     }

@@ -137,7 +137,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     from planner.allocator import keep_freed_memory
     from planner.plan import plan_from_dict
     from planner.profile.loader import load_model_file
-    from planner.profile.split import split_model
+    from planner.profile.split import capture_model, retarget_device
     from planner.runtime.comm import P2P, cut_specs, message_order
     from planner.runtime.executor import ProcessExecutor
     from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
@@ -175,8 +175,14 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     model = user.build()
     model.train()
     sample_inputs, _ = user.batch(mbs)
-    split = split_model(model, len(sample_inputs), config.get("split_at"), source=config["model"])
-    specs = cut_specs(split, plan.stages, sample_inputs)
+    split = capture_model(
+        model,
+        sample_inputs,
+        config.get("split_at"),
+        capture=config.get("capture") or "auto",
+        source=config["model"],
+    )
+    specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs))
     names = {id(p): n for n, p in model.named_parameters()}
 
     local = placement.devices_of(rank)
@@ -191,6 +197,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     steppers: dict[int, Any] = {}
     for spec in local_stages:
         module = split.stage(spec.first, spec.last).to(device)
+        retarget_device(module, device)
         module.train()
         is_last = spec.id == len(plan.stages) - 1
         params = [p for p in module.parameters() if p.requires_grad]
@@ -240,7 +247,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
             return None, None
         torch.manual_seed(step)
         x, y = user.batch(mbs * m)
-        ins = [_to(_slice(x, k * mbs, (k + 1) * mbs), device) for k in range(m)]
+        ins = [split.flat_inputs(_to(_slice(x, k * mbs, (k + 1) * mbs), device)) for k in range(m)]
         tgs = [_to(_slice(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
         return (ins if needs_inputs else None), (tgs if needs_targets else None)
 
