@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib.util
 import json
 import os
 import platform
@@ -60,6 +61,7 @@ _SHADOW_LINKS = (
     "topologies",
     "pyproject.toml",
     "bench/svgplot.py",
+    "bench/hf_zoo.py",
 )
 
 
@@ -81,6 +83,7 @@ class Benchmark:
     timeout_s: float = 300.0
     quick_timeout_s: float = 60.0
     plots: tuple[str, ...] = ()  # files under bench/results/ to copy next to the report
+    requires: tuple[str, ...] = ()  # optional packages it needs; skipped where one is missing
 
     @property
     def result_name(self) -> str:
@@ -147,6 +150,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         "Runtime: predicted against measured",
         timeout_s=600,
         quick_timeout_s=90,
+    ),
+    Benchmark(
+        "models",
+        "models.py",
+        "Model coverage: Hugging Face architectures profiled and run as pipelines",
+        timeout_s=1500,
+        quick_timeout_s=150,
+        requires=("transformers",),
     ),
     Benchmark(
         "scaling_on_paper",
@@ -246,6 +257,10 @@ def run_benchmark(
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if quick and "--quick" in args and "--quick" not in script.read_text():
         return Outcome(bench, shown, 0, 0.0, now, skipped="no --quick flag yet; full runs only")
+    missing = [m for m in bench.requires if importlib.util.find_spec(m) is None]
+    if missing:
+        why = f"needs {', '.join(missing)} (pip install 'pipeplan[hf]')"
+        return Outcome(bench, shown, 0, 0.0, now, skipped=why)
     result_path = results / bench.result_name
     before = result_path.stat().st_mtime if result_path.exists() else None
     limit = bench.quick_timeout_s if quick else bench.timeout_s

@@ -1,0 +1,111 @@
+"""Hugging Face models: captured exactly, profiled from the CLI, and trained as pipelines
+equal to one process. Skipped without transformers (``pip install 'pipeplan[hf]'``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from planner.plan import Plan, parse_stages  # noqa: E402
+from planner.profile.export_graph import call_for_training  # noqa: E402
+from planner.profile.split import capture_model  # noqa: E402
+from planner.runtime import run_plan  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from planner.schedule import build_schedule  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from hf_zoo import ARCHITECTURES, build_model_for, sample_batch_for, write_model_file  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_every_architecture_is_captured_exactly(name: str) -> None:
+    model = build_model_for(name).train()
+    inputs, _ = sample_batch_for(name, 2)
+    split = capture_model(model, inputs)
+    assert split.capture in ("export", "export-eval")
+    assert split.num_layers >= 4
+    got = split(*split.flat_inputs(inputs))
+    torch.manual_seed(0)
+    expected = call_for_training(model, inputs)
+    torch.testing.assert_close(got["logits"], expected["logits"], rtol=0, atol=0)
+
+
+def test_llama_splits_at_its_own_pipeline_plan_and_carries_rotary_values() -> None:
+    model = build_model_for("llama")
+    inputs, _ = sample_batch_for("llama", 2)
+    split = capture_model(model, inputs)
+    assert split.names == [
+        "model.embed_tokens+model.rotary_emb",
+        "model.layers.0",
+        "model.layers.1",
+        "model.layers.2",
+        "model.norm",
+        "lm_head",
+    ]
+    # cos and sin (and the mask) are made once and cross every cut between decoder layers.
+    assert len(split.cut_names[2]) >= 3 and split.cut_names[2][:-1] == split.cut_names[3][:-1]
+
+
+def test_profile_cli_takes_a_hugging_face_model(tmp_path: Path) -> None:
+    out = tmp_path / "gpt2.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "profile", str(ROOT / "examples" / "hf_gpt2.py"),
+         "-b", "1,2", "--repeat", "1", "--warmup", "0", "-o", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["capture"] == "export"
+    names = [layer["name"] for layer in data["layers"]]
+    assert names[0].startswith("transformer.wte") and names[-1] == "transformer.ln_f+lm_head"
+    # The head's tied weight is counted once, with the embedding.
+    assert data["layers"][-1]["param_count"] < data["layers"][0]["param_count"]
+    sizes = [m["microbatch_size"] for m in data["measurements"]]
+    assert sizes == [1, 2]
+    cut = [m["layers"][1]["output_bytes"] for m in data["measurements"]]
+    assert cut[1] == 2 * cut[0] or cut[1] > cut[0]
+
+
+def _plan(text: str, schedule: str = "1f1b", m: int = 4, mbs: int = 2) -> Plan:
+    stages = parse_stages(text)
+    return Plan(
+        profile={"path": "<memory>", "sha256": ""},
+        topology={"path": "<none>", "sha256": ""},
+        microbatch_size=mbs,
+        num_microbatches=m,
+        stages=stages,
+        schedule=build_schedule(schedule, stages, m).to_dict(),
+        predicted={"iteration_ms": 10.0},
+    )
+
+
+def _same_as_one_process(model: Path, plan: Plan, steps: int = 2) -> None:
+    report = run_plan(
+        plan, model, steps=steps, warmup=0, timeout_s=120, optimizer="sgd", lr=0.05,
+        return_params=True,
+    )  # fmt: skip
+    ref = train_single_process(
+        model, steps=steps, batch_size=plan.num_microbatches * plan.microbatch_size, lr=0.05
+    )
+    assert report.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert report.parameters is not None and set(report.parameters) == set(ref.parameters)
+    for name, value in ref.parameters.items():
+        torch.testing.assert_close(report.parameters[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_llama_pipeline_trains_like_one_process() -> None:
+    _same_as_one_process(ROOT / "examples" / "hf_llama.py", _plan("0-2:cpu0;3-6:cpu1"))
+
+
+def test_t5_encoder_decoder_across_three_stages(tmp_path: Path) -> None:
+    model = write_model_file("t5", tmp_path)
+    _same_as_one_process(model, _plan("0-2:cpu0;3-5:cpu1;6-7:cpu2", "gpipe", m=2))
