@@ -104,7 +104,8 @@ def _solved_plan(profile_path: Path, topo_path: Path) -> Any:
 def _compare(report: Any, reference: Any) -> tuple[float, float]:
     """Worst relative difference of the losses and of the parameters."""
     losses = max(
-        abs(a - b) / max(abs(b), 1e-12) for a, b in zip(report.losses, reference.losses, strict=True)
+        abs(a - b) / max(abs(b), 1e-12)
+        for a, b in zip(report.losses, reference.losses, strict=True)
     )
     worst = 0.0
     for name, value in reference.parameters.items():
@@ -156,7 +157,9 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
                 "tied": ", ".join(tied) or "-",
                 "profile_s": round(profile_s, 1),
                 "plan": kind,
-                "stages": " | ".join(f"{s.first}-{s.last}:{','.join(s.devices)}" for s in plan.stages),
+                "stages": " / ".join(
+                    f"{s.first}-{s.last}:{','.join(s.devices)}" for s in plan.stages
+                ),
                 "schedule": plan.schedule["name"],
                 "run_s": round(run_s, 1),
                 "loss_rel_diff": float(f"{loss_diff:.2e}"),
@@ -170,6 +173,48 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
             flush=True,
         )
     return rows
+
+
+DOC = ROOT / "docs" / "models.md"
+BEGIN, END = "<!-- bench/models.py: begin -->", "<!-- bench/models.py: end -->"
+
+
+def write_doc_table(result: dict[str, Any]) -> None:
+    """Rewrite the table between the markers of docs/models.md: one row per architecture."""
+    import platform
+
+    import torch
+    import transformers
+
+    by_model: dict[str, dict[str, Any]] = {}
+    for row in result["rows"]:
+        entry = by_model.setdefault(row["model"], dict(row))
+        entry[row["plan"]] = (
+            f"{'equal' if row['equal'] else 'DIFFERS'} ({row['param_rel_diff']:.0e}; "
+            f"{row['stages']})"
+        )
+    lines = [
+        BEGIN,
+        f"`python bench/models.py` on {platform.processor() or platform.machine()}, torch "
+        f"{torch.__version__}, transformers {transformers.__version__}, "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}: {result['plans_equal']} plans equal.",
+        "",
+        "| architecture | capture | layers | tied | profile s | solved (cpu x2) | 2-stage 1F1B "
+        "| 3-stage 1F1B |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in by_model.items():
+        lines.append(
+            f"| {name} | {e['capture']} | {e['layers']} | {e['tied']} | {e['profile_s']} | "
+            f"{e.get('solved', '-')} | {e.get('2-stage', '-')} | {e.get('3-stage', '-')} |"
+        )
+    for failure in result["failures"]:
+        lines.append(f"\nFailed: {failure}")
+    lines.append(END)
+    text = DOC.read_text() if DOC.exists() else f"{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(head + "\n".join(lines) + tail)
 
 
 def main() -> int:
@@ -203,6 +248,8 @@ def main() -> int:
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1) + "\n")
+    if not quick and len(names) == len(ARCHITECTURES):
+        write_doc_table(result)
     ok = not failures and all(r["equal"] for r in rows)
     print(f"{result['plans_equal']} plans equal to single-process training; wrote {OUT.name}")
     return 0 if ok else 1
