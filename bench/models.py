@@ -217,6 +217,41 @@ def write_doc_table(result: dict[str, Any]) -> None:
     DOC.write_text(head + "\n".join(lines) + tail)
 
 
+GPT2_768 = '''"""A 12-block Hugging Face GPT-2 at width 768, sequence 128 (GPT-2 small)."""
+import torch
+
+
+def build_model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=128, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    return GPT2LMHeadModel(config)
+
+
+def sample_batch(batch_size):
+    g = torch.Generator().manual_seed(batch_size)
+    tokens = torch.randint(0, 50257, (batch_size, 129), generator=g)
+    return {"input_ids": tokens[:, :-1].contiguous()}, tokens[:, 1:].contiguous()
+'''
+
+
+def gpt2_small_profile_seconds(tmp: Path, threads: int) -> float:
+    """Wall time of ``pipeplan profile gpt2_768.py -b 1,2 --threads N`` (defaults otherwise)."""
+    import subprocess
+
+    model = tmp / "gpt2_768.py"
+    model.write_text(GPT2_768)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "planner.cli", "profile", str(model), "-b", "1,2",
+         "--threads", str(threads), "-o", str(tmp / "gpt2_768.json"), "--quiet"],
+        check=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    return round(time.perf_counter() - t0, 1)
+
+
 def main() -> int:
     from hf_zoo import ARCHITECTURES
 
@@ -234,8 +269,16 @@ def main() -> int:
             except Exception as exc:  # a row that says why, not a lost run
                 failures.append(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
                 print(failures[-1], flush=True)
+    profile_gpt2: dict[str, float] = {}
+    if not quick and len(names) == len(ARCHITECTURES):
+        with tempfile.TemporaryDirectory() as tmp:
+            for threads in (1, 2):
+                profile_gpt2[f"threads_{threads}"] = gpt2_small_profile_seconds(Path(tmp), threads)
+                print(f"GPT-2 768 x 12 profile -b 1,2 --threads {threads}: "
+                      f"{profile_gpt2[f'threads_{threads}']} s", flush=True)  # fmt: skip
     result = {
         "benchmark": "models",
+        "gpt2_small_profile_s": profile_gpt2,
         "note": (
             f"Each plan: {STEPS} steps of {MICROBATCHES} microbatches of {MICROBATCH_SIZE}, SGD "
             f"lr {LR}, against single-process training; equal = losses and parameters within "
