@@ -7,6 +7,7 @@ simulator and the solver can never disagree about what a stage costs.
 Memory of one device of a stage (plain data parallelism: every replica holds a full copy)::
 
     static      = weights + gradients + optimizer state              (stage_static_bytes)
+                  (a tied parameter counts on every stage that uses it: each holds a copy)
     versions    = (weight_versions - 1) * weights                    (2bw keeps two)
     activations = in_flight * stage_activation_bytes + workspace
     recompute   : in_flight * stage input + one microbatch's full activations, rebuilt
@@ -23,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import InputError
+from planner.profile.measure import OPTIMIZERS
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.tied import TiedParameter
 
 __all__ = [
     "StageTimes",
@@ -35,6 +38,7 @@ __all__ = [
     "stage_param_bytes",
     "stage_static_bytes",
     "stage_step_ms",
+    "stage_tied_parameters",
     "stage_times",
     "synthetic_profile",
 ]
@@ -155,15 +159,50 @@ def stage_step_ms(profile: Profile, first: int, last: int, *, speed: float = 1.0
     return sum(layer.optimizer_ms for layer in profile.layers[first : last + 1]) / speed
 
 
+def stage_tied_parameters(profile: Profile, first: int, last: int) -> list[TiedParameter]:
+    """The profile's tied parameters that layers ``first..last`` use (each stage holding one
+    keeps its own copy and exchanges its gradient at STEP).
+
+    Example::
+
+        [t.name for t in stage_tied_parameters(profile, 4, 5)]   # ['embed.weight']
+    """
+    _check_range(profile, first, last)
+    return [t for t in profile.tied_parameters if t.held_by(first, last)]
+
+
+def _copied_ties(profile: Profile, first: int, last: int) -> list[TiedParameter]:
+    # Held here, but counted in the param_bytes of an earlier layer (its first user).
+    return [t for t in stage_tied_parameters(profile, first, last) if t.first_layer < first]
+
+
 def stage_param_bytes(profile: Profile, first: int, last: int) -> int:
-    """Bytes of the weights of layers ``first..last`` (one version).
+    """Bytes of the weights of layers ``first..last`` (one version), tied copies included.
 
     Example::
 
         stage_param_bytes(profile, 0, 3)
     """
     _check_range(profile, first, last)
-    return sum(layer.param_bytes for layer in profile.layers[first : last + 1])
+    own = sum(layer.param_bytes for layer in profile.layers[first : last + 1])
+    if not profile.tied_parameters:
+        return own
+    return own + sum(t.param_bytes for t in _copied_ties(profile, first, last))
+
+
+def _tied_static_bytes(profile: Profile, first: int, last: int) -> int:
+    """Weights, gradients and optimizer state of the tied copies a stage holds."""
+    copied = sum(t.param_bytes for t in _copied_ties(profile, first, last))
+    if not copied:
+        return 0
+    ratio = OPTIMIZERS.get(profile.optimizer)
+    if ratio is None:
+        raise InputError(
+            f"cannot size the optimizer state of tied parameters for optimizer "
+            f"{profile.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}",
+            field="optimizer",
+        )
+    return copied * (2 + ratio)
 
 
 def stage_static_bytes(profile: Profile, first: int, last: int, *, replicas: int = 1) -> int:
@@ -180,9 +219,12 @@ def stage_static_bytes(profile: Profile, first: int, last: int, *, replicas: int
     if replicas < 1:
         raise InputError(f"expected at least one replica, got {replicas}", field="devices")
     layers = profile.layers[first : last + 1]
-    return sum(
+    own = sum(
         layer.param_bytes + layer.gradient_bytes + layer.optimizer_state_bytes for layer in layers
     )
+    if not profile.tied_parameters:
+        return own
+    return own + _tied_static_bytes(profile, first, last)
 
 
 def stage_input_bytes(profile: Profile, first: int, microbatch_size: int) -> int:

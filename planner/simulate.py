@@ -16,7 +16,11 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
   ring all-reduce time of the stage's gradients (links are not shared with pipeline
   transfers in this model); ``STEP s`` takes the stage's optimizer step: the profiled
   ``optimizer_ms`` of its layers divided by the device's speed (0 for profiles without
-  it), unless an explicit ``step_ms`` replaces it.
+  it), unless an explicit ``step_ms`` replaces it;
+* a tied parameter (``profile.tied_parameters``) is held, and counted in memory, by every
+  stage that uses it; its gradient is exchanged by a ring all-reduce of its bytes among all
+  devices of those stages, which each such device pays in its first STEP (of an iteration)
+  of a stage that holds it. A replicated stage's ALLREDUCE leaves its tied parameters out.
 
 Memory per device over time = weights + gradients + optimizer state of its stages (plus a
 second weight version under 2bw) + the activations of the microbatches in flight, which
@@ -54,12 +58,14 @@ from planner.cost import (
     stage_param_bytes,
     stage_static_bytes,
     stage_step_ms,
+    stage_tied_parameters,
     stage_times,
 )
 from planner.errors import InputError
 from planner.plan import Plan, StageSpec, as_stages, validate_stages
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import ActionType, Schedule, build_schedule, validate_schedule
+from planner.schedule.tied import defer_tied_steps
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -73,6 +79,7 @@ __all__ = [
     "simulate",
     "simulate_schedule",
     "plan_from_result",
+    "tied_exchange_ms",
 ]
 
 # Integer codes of the action kinds: the event loop compares small ints, not enums.
@@ -424,6 +431,75 @@ def _step_table(
     return {(st.id, d): given[st.id] for st in stages for d in st.devices}
 
 
+def tied_exchange_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+) -> dict[tuple[int, str], float]:
+    """The time each device spends exchanging tied gradients, keyed by the STEP that pays it.
+
+    Per tied parameter: a ring all-reduce of its ``param_bytes`` (the topology's
+    ``allreduce_ms``) among every device of every stage that uses it. A device pays the
+    exchanges of all the tied parameters it holds in its first ``STEP`` of a stage that
+    holds any (where the runtime exchanges them). Nothing without a topology (free
+    communication) or when one device holds all copies of a parameter.
+
+    Example::
+
+        tied_exchange_ms(profile, topology, stages, build_schedule("1f1b", stages, 8))
+        # {(0, 'gpu0'): 0.41, (3, 'gpu1'): 0.41}
+    """
+    out: dict[tuple[int, str], float] = {}
+    if topology is None or not profile.tied_parameters:
+        return out
+    per_device: dict[str, float] = {}
+    holding: set[int] = set()  # stages that hold any tied parameter
+    for tie in profile.tied_parameters:
+        holders = [st for st in stages if tie.held_by(st.first, st.last)]
+        holding.update(st.id for st in holders)
+        devices = list(dict.fromkeys(d for st in holders for d in st.devices))
+        if len(devices) > 1:
+            ms = topology.allreduce_ms(devices, tie.param_bytes)
+            for d in devices:
+                per_device[d] = per_device.get(d, 0.0) + ms
+    for d, ms in per_device.items():
+        steps = (a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP)
+        first = next((s for s in steps if s in holding), None)
+        if first is not None:  # a hand-made list without a STEP: nothing to pay there
+            out[(first, d)] = ms
+    return out
+
+
+def _with_tied_steps(profile: Profile, stages: Sequence[StageSpec], schedule: Schedule) -> Schedule:
+    """The order the runtime runs: STEPs of tie-holding stages after the device's backward
+    work on such stages (:func:`planner.schedule.tied.defer_tied_steps`)."""
+    holding = frozenset(
+        st.id for st in stages for t in profile.tied_parameters if t.held_by(st.first, st.last)
+    )
+    deferred = defer_tied_steps(schedule.devices, holding, schedule.num_microbatches)
+    if deferred == schedule.devices:
+        return schedule
+    return Schedule(
+        schedule.name,
+        schedule.num_stages,
+        schedule.num_microbatches,
+        deferred,
+        virtual_stages=schedule.virtual_stages,
+        flush=schedule.flush,
+        iterations=schedule.iterations,
+        meta=schedule.meta,
+    )
+
+
+def _replica_allreduce_bytes(profile: Profile, spec: StageSpec) -> int:
+    """What a replicated stage's ALLREDUCE sums: its gradients less the tied ones."""
+    total = stage_param_bytes(profile, spec.first, spec.last)
+    if not profile.tied_parameters:
+        return total
+    return total - sum(t.param_bytes for t in stage_tied_parameters(profile, spec.first, spec.last))
+
+
 @_pausing_gc
 def simulate_schedule(
     profile: Profile,
@@ -443,11 +519,15 @@ def simulate_schedule(
 
         simulate_schedule(profile, None, stages, build_schedule("1f1b", stages, 8), 4)
     """
+    if profile.tied_parameters:
+        schedule = _with_tied_steps(profile, stages, schedule)
     times, cut = _stage_tables(profile, topology, stages, microbatch_size)
     devices = _devices_of(schedule, stages)
     num_dev = len(devices)
     total_mb = schedule.num_microbatches * schedule.iterations
     steps = _step_table(profile, topology, stages, step_ms)
+    for key, ms in tied_exchange_ms(profile, topology, stages, schedule).items():
+        steps[key] += ms
     weight_versions = 1 if schedule.flush else 2
 
     # Memory bookkeeping per stage: stashed per microbatch, and the rebuilt activations
@@ -469,7 +549,7 @@ def simulate_schedule(
                 static[d] += per_dev
     allreduce_ms = [
         (
-            topology.allreduce_ms(s.devices, stage_param_bytes(profile, s.first, s.last))
+            topology.allreduce_ms(s.devices, _replica_allreduce_bytes(profile, s))
             if topology is not None and len(s.devices) > 1
             else 0.0
         )

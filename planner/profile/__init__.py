@@ -17,6 +17,7 @@ from planner.profile.schema import (
     load_profile,
     profile_from_dict,
 )
+from planner.profile.tied import TiedParameter, find_tied_parameters
 
 __all__ = [
     "SCHEMA",
@@ -24,6 +25,8 @@ __all__ = [
     "LayerTiming",
     "Measurement",
     "Profile",
+    "TiedParameter",
+    "find_tied_parameters",
     "load_profile",
     "profile_from_dict",
     # measuring (torch is imported only when these run; split imports it, so it is lazy)

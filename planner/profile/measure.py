@@ -44,6 +44,7 @@ from planner.allocator import keep_freed_memory
 from planner.errors import InputError
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.tied import find_tied_parameters
 
 __all__ = [
     "OPTIMIZERS",
@@ -228,6 +229,7 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=optimizer,
         meta=_meta(settings, threads, split, time.perf_counter() - started, split_at),
+        tied_parameters=find_tied_parameters(split),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
+from planner.profile.tied import TiedParameter
 
 __all__ = [
     "SCHEMA",
@@ -117,6 +118,8 @@ class Profile:
     optimizer: str = "adam"
     # Free-form facts about how it was measured (repeat, warmup, threads, host, date, origin).
     meta: dict[str, Any] = field(default_factory=dict)
+    # Parameters used by two or more layers (tied embeddings); empty when there are none.
+    tied_parameters: list[TiedParameter] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:
@@ -173,6 +176,8 @@ class Profile:
         }
         if self.edges is not None:
             out["edges"] = [list(e) for e in self.edges]
+        if self.tied_parameters:  # optional: absent means no parameter is shared
+            out["tied_parameters"] = [t.to_dict() for t in self.tied_parameters]
         if self.meta:
             out["meta"] = self.meta
         return out
@@ -249,6 +254,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         torch_version=str(data.get("torch_version", "")),
         optimizer=str(data.get("optimizer", "adam")),
         meta=dict(data.get("meta") or {}),
+        tied_parameters=_tied(v, data.get("tied_parameters"), len(layers), data.get("dtype")),
     )
 
 
@@ -268,6 +274,43 @@ def _edges(v: _Validator, raw: Any, n: int) -> list[tuple[int, int]] | None:
             )
         edges.append((pair[0], pair[1]))
     return edges
+
+
+_ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _tied(v: _Validator, raw: Any, n: int, dtype: Any) -> list[TiedParameter]:
+    """``tied_parameters``: ``[{name, layers, param_bytes[, param_count]}]``; absent: none.
+
+    ``param_count`` defaults to ``param_bytes`` over the profile's dtype size (0 if unknown).
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        v.fail("tied_parameters", "expected a list of {name, layers, param_bytes} objects")
+    ties: list[TiedParameter] = []
+    for k, item in enumerate(raw):
+        where = f"tied_parameters[{k}]"
+        name = v.get(item, "name", where)
+        if not isinstance(name, str) or not name:
+            v.fail(f"{where}.name", f"expected a parameter name, got {name!r}")
+        layers = v.get(item, "layers", where)
+        ok = isinstance(layers, list) and len(layers) >= 2
+        ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+        ok = ok and all(0 <= x < n for x in layers) and len(set(layers)) == len(layers)
+        if not ok:
+            v.fail(
+                f"{where}.layers",
+                f"expected 2 or more distinct layer indices in 0..{n - 1}, got {layers!r}",
+            )
+        size = v.count(item, "param_bytes", where)
+        itemsize = _ITEM_BYTES.get(str(dtype), 0)
+        count = v.count(item, "param_count", where, default=size // itemsize if itemsize else 0)
+        ties.append(TiedParameter(name, tuple(sorted(layers)), count, size))
+    names = [t.name for t in ties]
+    if len(set(names)) != len(names):
+        v.fail("tied_parameters", f"a parameter is listed twice: {names}")
+    return ties
 
 
 def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:

@@ -16,7 +16,10 @@ Actions:
   ``irecv`` posted ahead of need, waited for here; between plan devices of one process
   both are hand-offs in memory;
 * ``ALLREDUCE s``: one flattened all-reduce (sum) of the stage's gradients among the
-  processes holding its replicas; ``STEP s``: the stage's optimizer step.
+  processes holding its replicas, tied parameters left out; ``STEP s``: the stage's
+  optimizer step. The first STEP of a stage holding a tied parameter that each program
+  reaches in an iteration first exchanges the tied gradients
+  (:class:`~planner.runtime.tied.TiedExchange`; all local programs holding one meet there).
 
 Example::
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from planner.plan import StageSpec
     from planner.runtime.placement import Placement
     from planner.runtime.stage import StageRuntime
+    from planner.runtime.tied import TiedExchange, TiedRound
 
 __all__ = ["MeasuredEvent", "ProcessExecutor", "StepResult"]
 
@@ -144,6 +148,7 @@ class ProcessExecutor:
         *,
         timeout_s: float = 300.0,
         heartbeat: Callable[[], None] | None = None,
+        tied: TiedExchange | None = None,
     ):
         self.rank = rank
         self.placement = placement
@@ -166,6 +171,12 @@ class ProcessExecutor:
             self.streams = {d: torch.cuda.Stream(device) for d in self.local}
         # Several programs must poll; gloo completes work only in wait(): use threads.
         self.threaded = device.type == "cpu" and len(self.local) > 1
+        self.tied = tied
+        # The local programs that meet at each tied-gradient exchange.
+        holding = tied.holding if tied is not None else frozenset()
+        self.tie_programs = sum(
+            1 for d in self.local if any(s.id in holding and d in s.devices for s in stages)
+        )
 
     # -- one step ---------------------------------------------------------------------
 
@@ -177,6 +188,8 @@ class ProcessExecutor:
         self.arrived: dict[tuple[str, int, int], int] = {}
         self.done: dict[tuple[str, int, int], Any] = {}
         self.losses: dict[int, torch.Tensor] = {}
+        self.tie_rounds: dict[str, int] = {}  # per program: iterations it has exchanged
+        self.ties: dict[int, TiedRound] = {}  # per iteration: the exchange
         self.p2p.reset()
         for stream in self.streams.values():  # the step's inputs were copied on the default
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -247,6 +260,7 @@ class ProcessExecutor:
     # -- the program of one plan device -----------------------------------------------
 
     def _program(self, dev: str) -> Iterator[_Wait]:
+        steps: dict[int, int] = {}  # STEPs of each stage so far: the iteration of the next
         for a in self.actions[dev]:
             kind = a.kind
             if kind is _T.F:
@@ -271,7 +285,11 @@ class ProcessExecutor:
             elif kind is _T.ALLREDUCE:
                 yield from self._allreduce(dev, a.stage)
             elif kind is _T.OPTIMIZER_STEP:
-                yield from self._step(dev, a.stage)
+                iteration = steps.get(a.stage, 0)
+                steps[a.stage] = iteration + 1
+                t0 = self.clock.now()
+                tied = yield from self._exchange_ties(dev, a.stage, iteration)
+                yield from self._step(dev, a.stage, t0 if tied else None)
 
     def _forward(self, dev: str, s: int, k: int) -> None:
         runtime = self.runtimes[s]
@@ -367,7 +385,7 @@ class ProcessExecutor:
             return None
         import torch.distributed as dist
 
-        params = self.runtimes[s].params_for(iteration)
+        params = self._untied(s, self.runtimes[s].params_for(iteration))
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -387,17 +405,43 @@ class ProcessExecutor:
         pending.wait()
         flat = pending.buffers[0]
         offset = 0
-        for p in self.runtimes[key[1]].params_for(key[2]):
+        for p in self._untied(key[1], self.runtimes[key[1]].params_for(key[2])):
             n = p.numel()
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
         finished[0] = True
 
-    def _step(self, dev: str, s: int) -> Iterator[_Wait]:
+    def _untied(self, s: int, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return list(params) if self.tied is None else self.tied.untied(s, params)
+
+    def _exchange_ties(self, dev: str, s: int, iteration: int) -> Generator[_Wait, None, bool]:
+        """Before this program's first STEP of a tie-holding stage in ``iteration``: meet
+        the other local programs holding one, then sum the tied gradients. Returns whether
+        this STEP did the exchange."""
+        if self.tied is None or s not in self.tied.holding:
+            return False
+        if iteration < self.tie_rounds.get(dev, 0):
+            return False  # exchanged at an earlier STEP of this iteration
+        self.tie_rounds[dev] = iteration + 1
+        key = ("TIE", -1, iteration)
+        self.arrived[key] = self.arrived.get(key, 0) + 1
+        if self.arrived[key] == self.tie_programs:
+            self._sync_streams()
+            self.ties[iteration] = self.tied.launch(
+                self.runtimes, iteration, threaded=self.threaded
+            )
+        if iteration not in self.ties or not self.ties[iteration].ready():
+            rnd = self.ties.get(iteration)
+            blocking = rnd.wait if rnd is not None else None
+            yield _Wait(lambda: iteration in self.ties and self.ties[iteration].ready(), blocking)
+        self.ties[iteration].finish()
+        return True
+
+    def _step(self, dev: str, s: int, started: Any = None) -> Iterator[_Wait]:
         key = self._rendezvous("STEP", dev, s)
         if self.arrived[key] == self.local_replicas[s]:
             self._sync_streams()
-            t0 = self.clock.now()
+            t0 = self.clock.now() if started is None else started
             with self._stream(dev):
                 self.steppers[s].step(key[2])
             self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])

@@ -138,12 +138,15 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     from planner.plan import plan_from_dict
     from planner.profile.loader import load_model_file
     from planner.profile.split import capture_model, retarget_device
+    from planner.profile.tied import find_tied_parameters
     from planner.runtime.comm import P2P, cut_specs, message_order
     from planner.runtime.executor import ProcessExecutor
     from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
     from planner.runtime.placement import Placement
     from planner.runtime.stage import StageRuntime
+    from planner.runtime.tied import TiedExchange, own_copies
     from planner.schedule.actions import Schedule
+    from planner.schedule.tied import defer_tied_steps
 
     run_dir = Path(config["run_dir"])
     placement = Placement.from_dict(config["placement"])
@@ -195,9 +198,13 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         device_actions, stream = stream_2bw(schedule, plan.stages, m, total)
     runtimes: dict[int, StageRuntime] = {}
     steppers: dict[int, Any] = {}
+    stage_names: dict[int, list[str]] = {}  # canonical names of each stage's parameters
+    claimed: set[int] = set()  # parameters an earlier local stage holds: copy, never share
     for spec in local_stages:
         module = split.stage(spec.first, spec.last).to(device)
         retarget_device(module, device)
+        stage_names[spec.id] = [names[id(p)] for p in module.parameters() if p.requires_grad]
+        module = own_copies(module, claimed)
         module.train()
         is_last = spec.id == len(plan.stages) - 1
         params = [p for p in module.parameters() if p.requires_grad]
@@ -224,6 +231,12 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
             group = dist.new_group(ranks)
             if rank in ranks:
                 groups[spec.id] = group
+    # Then one group per tied parameter, in the same order everywhere (planner.runtime.tied).
+    tied = TiedExchange.create(
+        find_tied_parameters(split), plan.stages, placement, rank, stage_names
+    )
+    if tied.holding:  # every copy's gradient is complete at the device's first such STEP
+        device_actions = defer_tied_steps(device_actions, tied.holding, m)
     order = message_order(device_actions, plan.stages, placement.rank_of)
     executor = ProcessExecutor(
         rank,
@@ -238,6 +251,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         device,
         timeout_s=float(config["timeout_s"]),
         heartbeat=lambda: _heartbeat(run_dir, rank),
+        tied=tied,
     )
     needs_inputs = 0 in runtimes
     needs_targets = len(plan.stages) - 1 in runtimes
@@ -301,8 +315,8 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     if config.get("return_params"):
         for s, rt in runtimes.items():
             tensors = steppers[s].state() if two_bw else rt.params
-            for p, t in zip(rt.params, tensors, strict=True):
-                trained[names[id(p)]] = t.detach().to("cpu").clone()
+            for name, t in zip(stage_names[s], tensors, strict=True):
+                trained[name] = t.detach().to("cpu").clone()
     gathered: list[Any] = [None] * placement.world_size if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0, group=control)
     gathered_params: list[Any] = [None] * placement.world_size if rank == 0 else []
