@@ -132,7 +132,7 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
     reference = train_single_process(
         model, steps=STEPS, batch_size=MICROBATCHES * MICROBATCH_SIZE, optimizer="sgd", lr=LR
     )
-    tied = [t.name for t in getattr(profile, "tied_parameters", [])]
+    tied = [t.name for t in profile.tied_parameters]
     rows = []
     for kind in kinds:
         if kind == "solved":

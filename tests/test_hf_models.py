@@ -67,8 +67,10 @@ def test_profile_cli_takes_a_hugging_face_model(tmp_path: Path) -> None:
     assert data["meta"]["capture"] == "export"
     names = [layer["name"] for layer in data["layers"]]
     assert names[0].startswith("transformer.wte") and names[-1] == "transformer.ln_f+lm_head"
-    # The head's tied weight is counted once, with the embedding.
+    # The head's tied weight is counted once, with the embedding, and the tie is recorded.
     assert data["layers"][-1]["param_count"] < data["layers"][0]["param_count"]
+    (tie,) = data["tied_parameters"]
+    assert tie["name"] == "transformer.wte.weight" and tie["layers"] == [0, len(names) - 1]
     sizes = [m["microbatch_size"] for m in data["measurements"]]
     assert sizes == [1, 2]
     cut = [m["layers"][1]["output_bytes"] for m in data["measurements"]]
@@ -104,6 +106,10 @@ def _same_as_one_process(model: Path, plan: Plan, steps: int = 2) -> None:
 
 def test_llama_pipeline_trains_like_one_process() -> None:
     _same_as_one_process(ROOT / "examples" / "hf_llama.py", _plan("0-2:cpu0;3-6:cpu1"))
+
+
+def test_tied_gpt2_embedding_and_head_on_different_stages() -> None:
+    _same_as_one_process(ROOT / "examples" / "hf_gpt2.py", _plan("0-2:cpu0;3-5:cpu1"))
 
 
 def test_t5_encoder_decoder_across_three_stages(tmp_path: Path) -> None:
