@@ -9,8 +9,11 @@ compared with single-process training on the same batches
 - ``solved``: what ``pipeplan solve`` picks for 2 CPU processes;
 - ``2-stage`` and ``3-stage``: the fastest 1F1B pipeline of that depth by the simulator.
 
-A row passes when every loss and every parameter (tied ones included) is within 1e-5
-relative of single-process training (parameters: relative to the tensor's largest value).
+A row passes when every loss is within 1e-5 relative of single-process training and every
+parameter (tied ones included) within 1e-5 relative plus 1e-6 absolute, element by element
+(``torch.allclose``; the absolute part covers values near zero such as attention key
+biases, whose gradient is zero up to rounding). The table shows the largest absolute
+parameter difference.
 
 Run::
 
@@ -101,18 +104,22 @@ def _solved_plan(profile_path: Path, topo_path: Path) -> Any:
     )
 
 
-def _compare(report: Any, reference: Any) -> tuple[float, float]:
-    """Worst relative difference of the losses and of the parameters."""
+def _compare(report: Any, reference: Any) -> tuple[float, float, bool]:
+    """Worst relative loss difference, worst absolute parameter difference, and whether
+    every parameter is within ``TOLERANCE`` relative (plus 1e-6 absolute, for values near
+    zero such as attention key biases, whose gradient is zero up to rounding)."""
+    import torch
+
     losses = max(
         abs(a - b) / max(abs(b), 1e-12)
         for a, b in zip(report.losses, reference.losses, strict=True)
     )
-    worst = 0.0
+    worst, close = 0.0, True
     for name, value in reference.parameters.items():
         got = report.parameters[name]
-        scale = float(value.abs().max()) or 1.0
-        worst = max(worst, float((got - value).abs().max()) / scale)
-    return losses, worst
+        worst = max(worst, float((got - value).abs().max()))
+        close = close and bool(torch.allclose(got, value, rtol=TOLERANCE, atol=1e-6))
+    return losses, worst, close
 
 
 def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -148,7 +155,7 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
             threads=1, return_params=True,
         )  # fmt: skip
         run_s = time.perf_counter() - t1
-        loss_diff, param_diff = _compare(report, reference)
+        loss_diff, param_diff, close = _compare(report, reference)
         rows.append(
             {
                 "model": name,
@@ -163,8 +170,8 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
                 "schedule": plan.schedule["name"],
                 "run_s": round(run_s, 1),
                 "loss_rel_diff": float(f"{loss_diff:.2e}"),
-                "param_rel_diff": float(f"{param_diff:.2e}"),
-                "equal": loss_diff <= TOLERANCE and param_diff <= TOLERANCE,
+                "param_abs_diff": float(f"{param_diff:.2e}"),
+                "equal": loss_diff <= TOLERANCE and close,
             }
         )
         print(
@@ -190,7 +197,7 @@ def write_doc_table(result: dict[str, Any]) -> None:
     for row in result["rows"]:
         entry = by_model.setdefault(row["model"], dict(row))
         entry[row["plan"]] = (
-            f"{'equal' if row['equal'] else 'DIFFERS'} ({row['param_rel_diff']:.0e}; "
+            f"{'equal' if row['equal'] else 'DIFFERS'} ({row['param_abs_diff']:.0e}; "
             f"{row['stages']})"
         )
     lines = [
