@@ -65,7 +65,7 @@ def test_profiling_leaves_the_weights_as_they_were(profiled: tuple[Profile, Path
     # The steps are timed on the real parameters and then undone.
     _, path = profiled
     user = load_model_file(path)
-    split, model = _prepare(user, 2, _Settings(torch.device("cpu"), 1, 0), None)
+    split, model = _prepare(user, 2, _Settings(torch.device("cpu"), 1, 0), None, "auto")
     before = [p.detach().clone() for p in model.parameters()]
     (x,), y = user.batch(2)
     runners, values = [], (x,)
