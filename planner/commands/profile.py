@@ -49,7 +49,8 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
     m = profile.measurement(size)
     table = Table(
-        title=f"{profile.model} on {profile.device}, microbatch size {size} (times in ms)"
+        title=f"{profile.model} on {profile.device}, {profile.precision}, microbatch size {size} "
+        "(times in ms)"
         + (f", captured with {profile.meta['capture']}" if profile.meta.get("capture") else ""),
         caption="bwd: whole backward; in, wt: its two halves; opt: optimizer step; "
         "act: saved for bwd",
@@ -97,6 +98,7 @@ def run_profile(
     optimizer: str = "adam",
     split_at: str | None = None,
     capture: str = "auto",
+    precision: str = "fp32",
     console: Console | None = None,
     show_progress: bool = True,
 ) -> tuple[Profile, Path]:
@@ -113,6 +115,7 @@ def run_profile(
 
     from planner.errors import InputError
     from planner.fileio import check_output_path
+    from planner.precision import check_precision
     from planner.profile.loader import load_model_file
     from planner.profile.measure import (
         check_device,
@@ -124,6 +127,7 @@ def run_profile(
 
     err = console or Console(stderr=True)
     microbatch_sizes = parse_microbatch_sizes(sizes)
+    check_precision(precision)
     if capture not in CAPTURES:
         raise InputError(
             f"expected one of {', '.join(CAPTURES)}, got {capture!r}", field="--capture"
@@ -162,6 +166,7 @@ def run_profile(
             optimizer=optimizer,
             split_at=split_at,
             capture=capture,
+            precision=precision,
             progress=progress,
         )
     profile.save(output)
@@ -201,6 +206,11 @@ def profile(
         "--capture",
         help="How to capture forward(): fx, export (torch.export), or auto (fx, else export).",
     ),
+    precision: str = typer.Option(
+        "fp32",
+        "--precision",
+        help="fp32, or bf16 / fp16 mixed precision (torch.autocast; fp32 master weights).",
+    ),
     repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
     threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
@@ -237,6 +247,7 @@ def profile(
         optimizer=optimizer,
         split_at=split_at,
         capture=capture,
+        precision=precision,
         console=err,
         show_progress=not quiet and not as_json,
     )

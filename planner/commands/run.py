@@ -73,6 +73,12 @@ def run_command(
         help="Learning rate (default: 1e-3 for adam, 0.01 for sgd/momentum).",
         show_default=False,
     ),
+    precision: str | None = typer.Option(
+        None,
+        "--precision",
+        help="A check: must be the precision the plan's profile was measured at.",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Run a plan: one process per device, its action lists exactly, measured.
@@ -99,7 +105,9 @@ def run_command(
             check_output_path(path, field=flag)
     try:
         if in_torchrun():
-            report = _run_torchrun(plan_path, model, steps, warmup, device, timeout, threads, lr)
+            report = _run_torchrun(
+                plan_path, model, steps, warmup, device, timeout, threads, lr, precision
+            )
             if report is None:  # not rank 0: rank 0 prints
                 return
         else:
@@ -115,6 +123,7 @@ def run_command(
                 threads=threads,
                 lr=lr,
                 device_map=device_map,
+                precision=precision,
             )
     except RunFailed as exc:
         fail(str(exc), code=1)
@@ -181,18 +190,20 @@ def _run_torchrun(
     timeout: float,
     threads: int | None,
     lr: float | None,
+    precision: str | None = None,
 ) -> Any:
     """Inside torchrun: this process is one rank; rank 0 returns the report."""
     import shutil
 
     from planner.runtime.report import build_report
-    from planner.runtime.runner import prepare_run, worker_config
+    from planner.runtime.runner import prepare_run, run_precision, worker_config
     from planner.runtime.worker import worker_main
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     plan, settings, placement = prepare_run(
         plan_path, model, device=device, world_size=world, plan_source=str(plan_path)
     )
+    settings["precision"] = run_precision(settings, precision, str(plan_path))
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     try:
         config = worker_config(

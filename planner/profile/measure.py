@@ -42,6 +42,7 @@ from typing import Any
 
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
+from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.profile.tied import find_tied_parameters
@@ -128,6 +129,13 @@ class _Settings:
     repeat: int
     warmup: int
     threads: int = 1
+    precision: str = "fp32"  # forward (and loss) under torch.autocast: see planner.precision
+
+    def autocast(self) -> Any:
+        """The forward's autocast context (none for fp32)."""
+        from planner.precision import autocast
+
+        return autocast(self.device.type, self.precision)
 
     @property
     def clock(self) -> str:
@@ -151,6 +159,7 @@ def profile_model(
     optimizer: str = "adam",
     split_at: str | None = None,
     capture: str = "auto",
+    precision: str = "fp32",
     progress: ProgressFn | None = None,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
@@ -161,6 +170,9 @@ def profile_model(
     more threads, the wall clock. On CUDA, CUDA events. ``meta["clock"]`` records which.
     ``capture`` picks torch.fx or torch.export (``auto``: see
     :func:`planner.profile.split.capture_model`); ``meta["capture"]`` records which ran.
+    ``precision`` (``fp32``, ``bf16``, ``fp16``) runs every forward and the loss under
+    ``torch.autocast`` (:mod:`planner.precision`), so activation and cut sizes come out in
+    the autocast dtype; parameters, gradients and optimizer state stay fp32.
 
     Example::
 
@@ -175,6 +187,7 @@ def profile_model(
         _positive(repeat, "--repeat"),
         _count(warmup),
         _positive(threads, "--threads"),
+        check_precision(precision),
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
     user = load_model_file(path)
@@ -228,6 +241,7 @@ def profile_model(
         dtype=_dtype(model),
         torch_version=torch.__version__,
         optimizer=optimizer,
+        precision=settings.precision,
         meta=_meta(settings, threads, split, time.perf_counter() - started, split_at),
         tied_parameters=find_tied_parameters(split),
     )
@@ -462,9 +476,11 @@ class _Runner:
         """The layer's outputs, and the tensors the backward starts from."""
         import torch
 
-        out = self.layer(*self.leaves)
-        if self.loss is not None:
-            return out, [_not_a_view(self.loss(out))]
+        with self.settings.autocast():
+            out = self.layer(*self.leaves)
+            loss = self.loss(out) if self.loss is not None else None
+        if loss is not None:
+            return out, [_not_a_view(loss)]
         # A value passed through unchanged is a leaf: its gradient costs nothing.
         roots = [_not_a_view(t) for t in _tensors(out) if t.grad_fn is not None]
         if self.grads is None:
@@ -609,7 +625,8 @@ def _prepare(
     inputs, targets = user.batch(size)
     inputs, targets = _to(inputs, settings.device), _to(targets, settings.device)
     try:
-        outputs = call_for_training(model, inputs)
+        with settings.autocast():
+            outputs = call_for_training(model, inputs)
     except Exception as exc:
         named = inputs.items() if isinstance(inputs, dict) else enumerate(inputs)
         shapes = ", ".join(
@@ -624,7 +641,9 @@ def _prepare(
             field="sample_batch",
         ) from None
     # One full step also warms up the allocator and kernels before anything is timed.
-    user.loss(outputs, targets).backward()
+    with settings.autocast():
+        loss = user.loss(outputs, targets)
+    loss.backward()
     model.zero_grad(set_to_none=True)
     split = capture_model(model, inputs, split_at, capture=capture, source=user.path)
     return split, model

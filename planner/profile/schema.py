@@ -116,6 +116,8 @@ class Profile:
     dtype: str = "float32"
     torch_version: str = ""
     optimizer: str = "adam"
+    # fp32, or the torch.autocast dtype the forwards ran under (bf16, fp16): planner.precision
+    precision: str = "fp32"
     # Free-form facts about how it was measured (repeat, warmup, threads, host, date, origin).
     meta: dict[str, Any] = field(default_factory=dict)
     # Parameters used by two or more layers (tied embeddings); empty when there are none.
@@ -171,6 +173,7 @@ class Profile:
             "dtype": self.dtype,
             "torch_version": self.torch_version,
             "optimizer": self.optimizer,
+            "precision": self.precision,
             "layers": [_layer_dict(layer) for layer in self.layers],
             "measurements": [m.to_dict() for m in self.measurements],
         }
@@ -253,9 +256,18 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         dtype=str(data.get("dtype", "float32")),
         torch_version=str(data.get("torch_version", "")),
         optimizer=str(data.get("optimizer", "adam")),
+        precision=_precision(v, data.get("precision", "fp32")),
         meta=dict(data.get("meta") or {}),
         tied_parameters=_tied(v, data.get("tied_parameters"), len(layers), data.get("dtype")),
     )
+
+
+def _precision(v: _Validator, raw: Any) -> str:
+    from planner.precision import PRECISIONS
+
+    if raw not in PRECISIONS:
+        v.fail("precision", f"expected one of {', '.join(PRECISIONS)}, got {raw!r}")
+    return str(raw)
 
 
 def _edges(v: _Validator, raw: Any, n: int) -> list[tuple[int, int]] | None:

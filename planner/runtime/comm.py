@@ -81,6 +81,19 @@ def cut_specs(
     return out
 
 
+def _check_message(key: MessageKey, tensors: Sequence[Any], specs: Sequence[ValueSpec]) -> None:
+    """A message must be what the receiver allocated: the cut's shapes and dtypes."""
+    for i, (t, spec) in enumerate(zip(tensors, specs, strict=False)):
+        if tuple(t.shape) != spec.shape or t.dtype != spec.dtype:
+            what = "activation" if key[0] == "F" else "gradient"
+            raise RuntimeError(
+                f"{what} {i} of message {key} is {t.dtype} {tuple(t.shape)}, but the cut was "
+                f"measured as {spec.dtype} {spec.shape}"
+            )
+    if len(tensors) != len(specs):
+        raise RuntimeError(f"message {key} has {len(tensors)} tensors, expected {len(specs)}")
+
+
 def _spec_of(value: Any) -> ValueSpec:
     import torch
 
@@ -266,6 +279,7 @@ class P2P:
 
     def send(self, key: MessageKey, dst: int, tensors: list[torch.Tensor]) -> None:
         """Post the message's ``isend``s (in canonical order per destination)."""
+        _check_message(key, tensors, self.specs_of(key))
         self.held[key] = tensors
         keys = self.out_order[dst]
         i = self.out_next[dst]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from planner.precision import autocast
 from planner.profile.export_graph import call_for_training
 from planner.profile.loader import load_model_file
 from planner.runtime.optimizer import make_optimizer
@@ -41,8 +42,10 @@ def train_single_process(
     batch_size: int,
     optimizer: str = "sgd",
     lr: float | None = None,
+    precision: str = "fp32",
 ) -> ReferenceRun:
-    """Train ``steps`` steps of ``batch_size`` samples in this process (see the module).
+    """Train ``steps`` steps of ``batch_size`` samples in this process (see the module);
+    ``precision`` bf16 or fp16 runs the forward and loss under CPU autocast.
 
     Example::
 
@@ -58,7 +61,8 @@ def train_single_process(
         torch.manual_seed(step)
         inputs, targets = user.batch(batch_size)
         opt.zero_grad(set_to_none=False)
-        loss = user.loss(call_for_training(model, inputs), targets)
+        with autocast("cpu", precision):  # as the stages do (planner.precision)
+            loss = user.loss(call_for_training(model, inputs), targets)
         loss.backward()
         losses.append(float(loss.detach()))
         opt.step()

@@ -30,7 +30,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.runtime.report import RunReport, build_report, explain_gap
 
-__all__ = ["check_plan", "check_run_options", "prepare_run", "run_plan"]
+__all__ = ["check_plan", "check_run_options", "prepare_run", "run_plan", "run_precision"]
 
 
 def check_run_options(
@@ -128,6 +128,7 @@ def check_plan(
         "optimizer": "adam",
         "split_at": None,
         "capture": "auto",
+        "precision": None,  # the profile's, when the plan's profile is found
         "threads": None,
         "schedule": schedule,
         "profile": None,
@@ -160,10 +161,45 @@ def check_plan(
         settings["optimizer"] = profile.optimizer
         settings["split_at"] = profile.meta.get("split_at")
         settings["capture"] = profile.meta.get("capture") or "fx"  # older profiles: fx only
+        settings["precision"] = profile.precision
         settings["threads"] = profile.meta.get("threads")
         settings["layer_names"] = [layer.name for layer in profile.layers]
     settings["num_layers"] = max(s.last for s in plan.stages) + 1
     return settings
+
+
+def run_precision(
+    settings: dict[str, Any], asked: str | None, plan_source: str | None = None
+) -> str:
+    """The precision a run trains at: the profile's; ``asked`` (``--precision``) must agree
+    with it, and names it when the plan's profile is not at hand. fp16 is refused: its loss
+    scaling must be agreed by every stage, which the runtime does not do yet.
+
+    Example::
+
+        run_precision({"precision": "bf16", "profile_path": "p.json"}, None)   # 'bf16'
+    """
+    from planner.precision import check_precision
+
+    profiled = settings.get("precision")
+    if asked is not None:
+        check_precision(asked)
+        if profiled is not None and asked != profiled:
+            raise InputError(
+                f"the plan's profile {settings.get('profile_path')} was measured at "
+                f"{profiled}, not {asked}; profile again with --precision {asked} and solve",
+                file=plan_source,
+                field="--precision",
+            )
+    chosen = str(asked or profiled or "fp32")
+    if chosen == "fp16":
+        raise InputError(
+            "fp16 training needs loss scaling agreed by every stage, which pipeplan run does "
+            "not do yet; profile and run with --precision bf16",
+            file=plan_source,
+            field="precision",
+        )
+    return chosen
 
 
 def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], plan: Plan) -> None:
@@ -284,6 +320,7 @@ def worker_config(
         "optimizer": settings["optimizer"],
         "split_at": settings.get("split_at"),
         "capture": settings.get("capture", "auto"),
+        "precision": settings.get("precision") or "fp32",
         "lr": lr,
         "return_params": return_params,
     }
@@ -301,13 +338,15 @@ def run_plan(
     lr: float | None = None,
     device_map: str | None = None,
     optimizer: str | None = None,
+    precision: str | None = None,
     return_params: bool = False,
 ) -> RunReport:
     """Train ``steps`` (+ ``warmup``) iterations exactly as the plan says; measured report.
 
     Raises InputError for a plan that does not fit the model, RunFailed when a rank fails.
     ``optimizer`` overrides the profile's (adam, adamw, sgd, momentum), ``lr`` its default
-    rate; ``return_params`` puts the trained parameters in ``report.parameters``.
+    rate; ``precision`` must be the profile's (:func:`run_precision`); ``return_params`` puts
+    the trained parameters in ``report.parameters``.
 
     Example::
 
@@ -325,6 +364,7 @@ def run_plan(
     )
     if optimizer is not None:
         settings["optimizer"] = optimizer
+    settings["precision"] = run_precision(settings, precision, plan_source)
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
         config = worker_config(

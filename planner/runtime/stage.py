@@ -19,7 +19,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,7 @@ class StageRuntime:
         num_microbatches: int,
         loss: Callable[[Any, Any], torch.Tensor] | None,
         weights: Callable[[int], list[torch.Tensor]] | None = None,
+        autocast: Callable[[], AbstractContextManager[Any]] | None = None,
     ):
         self.module = module
         self.stage_id = stage_id
@@ -62,6 +65,8 @@ class StageRuntime:
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         # Versioned weights (2bw without a flush): iteration -> the tensors it computes with.
         self.weights = weights
+        # Mixed precision: the forward and the loss under torch.autocast (planner.precision).
+        self.autocast = autocast or contextlib.nullcontext
         self.saved: dict[int, _Saved] = {}
 
     def params_for(self, iteration: int) -> list[torch.Tensor]:
@@ -90,19 +95,21 @@ class StageRuntime:
         """
         leaves = [_leaf(v) for v in inputs] if self.stage_id > 0 else list(inputs)
         params = self.params_for(k // self.num_microbatches)
-        if self.recompute:
-            from torch.utils.checkpoint import checkpoint
+        with self.autocast():  # checkpoint's recompute restores this autocast state
+            if self.recompute:
+                from torch.utils.checkpoint import checkpoint
 
-            def run(*xs: Any) -> Any:
-                return self._call(params, list(xs))
+                def run(*xs: Any) -> Any:
+                    return self._call(params, list(xs))
 
-            out = checkpoint(run, *leaves, use_reentrant=False)
-        else:
-            out = self._call(params, leaves)
+                out = checkpoint(run, *leaves, use_reentrant=False)
+            else:
+                out = self._call(params, leaves)
+            if self.is_last and self.loss is not None:
+                loss = self.loss(out, targets)
         if self.is_last:
             if self.loss is None:  # pragma: no cover - the worker always passes one
                 raise RuntimeError("the last stage needs a loss function")
-            loss = self.loss(out, targets)
             self.saved[k] = _Saved(leaves, [loss / self.num_microbatches], [-1], params=params)
             return loss.detach()
         values = tuple(out)

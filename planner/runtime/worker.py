@@ -136,6 +136,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
 
     from planner.allocator import keep_freed_memory
     from planner.plan import plan_from_dict
+    from planner.precision import autocast
     from planner.profile.loader import load_model_file
     from planner.profile.split import capture_model, retarget_device
     from planner.profile.tied import find_tied_parameters
@@ -185,7 +186,15 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         capture=config.get("capture") or "auto",
         source=config["model"],
     )
-    specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs))
+    precision = str(config.get("precision") or "fp32")
+
+    def mixed() -> Any:  # every forward and loss under the profile's autocast
+        return autocast(device.type, precision)
+
+    # What crosses each cut, in the dtypes the stages will produce. The pass runs on the CPU,
+    # under CPU autocast; a CUDA stage that makes another dtype is stopped at its first send.
+    with autocast("cpu", precision):
+        specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs))
     names = {id(p): n for n, p in model.named_parameters()}
 
     local = placement.devices_of(rank)
@@ -222,6 +231,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
             num_microbatches=m,
             loss=user.loss if is_last else None,
             weights=steppers[spec.id].weights if stream else None,
+            autocast=mixed,
         )
     # Every rank creates every replica group, in stage order (torch.distributed requires it).
     groups: dict[int, Any] = {}
