@@ -20,7 +20,10 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
 * a tied parameter (``profile.tied_parameters``) is held, and counted in memory, by every
   stage that uses it; its gradient is exchanged by a ring all-reduce of its bytes among all
   devices of those stages, which each such device pays in its first STEP (of an iteration)
-  of a stage that holds it. A replicated stage's ALLREDUCE leaves its tied parameters out.
+  of a stage that holds it. A replicated stage's ALLREDUCE leaves its tied parameters out;
+* precision is the profile's: its times and bytes were measured under autocast. In fp16
+  every device's STEPs come after its backward work, and its first STEP pays the
+  all-reduce of one overflow flag among all devices (:func:`overflow_agreement_ms`).
 
 Memory per device over time = weights + gradients + optimizer state of its stages (plus a
 second weight version under 2bw) + the activations of the microbatches in flight, which
@@ -79,6 +82,7 @@ __all__ = [
     "simulate",
     "simulate_schedule",
     "plan_from_result",
+    "overflow_agreement_ms",
     "tied_exchange_ms",
 ]
 
@@ -471,11 +475,47 @@ def tied_exchange_ms(
     return out
 
 
-def _with_tied_steps(profile: Profile, stages: Sequence[StageSpec], schedule: Schedule) -> Schedule:
-    """The order the runtime runs: STEPs of tie-holding stages after the device's backward
-    work on such stages (:func:`planner.schedule.tied.defer_tied_steps`)."""
+def overflow_agreement_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+) -> dict[tuple[int, str], float]:
+    """fp16: the all-reduce (MAX) of one overflow flag among every device, keyed by each
+    device's first STEP, where the runtime agrees on it (:mod:`planner.runtime.loss_scale`).
+    Nothing for another precision, without a topology, or on one device. The wait for the
+    slowest device that this agreement also is, is not modelled.
+
+    Example::
+
+        overflow_agreement_ms(fp16_profile, topology, stages, schedule)
+        # {(0, 'gpu0'): 0.011, (1, 'gpu1'): 0.011}
+    """
+    if profile.precision != "fp16" or topology is None:
+        return {}
+    devices = _devices_of(schedule, stages)
+    if len(devices) < 2:
+        return {}
+    ms = topology.allreduce_ms(devices, 4)
+    out: dict[tuple[int, str], float] = {}
+    for d in devices:
+        steps = [a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP]
+        if steps:
+            out[(steps[0], d)] = ms
+    return out
+
+
+def _with_deferred_steps(
+    profile: Profile, stages: Sequence[StageSpec], schedule: Schedule
+) -> Schedule:
+    """The order the runtime runs: STEPs of tie-holding stages (of every stage in fp16,
+    where all ranks agree on overflows at the first) after the device's backward work on
+    such stages (:func:`planner.schedule.tied.defer_tied_steps`)."""
     holding = frozenset(
-        st.id for st in stages for t in profile.tied_parameters if t.held_by(st.first, st.last)
+        st.id
+        for st in stages
+        if profile.precision == "fp16"
+        or any(t.held_by(st.first, st.last) for t in profile.tied_parameters)
     )
     deferred = defer_tied_steps(schedule.devices, holding, schedule.num_microbatches)
     if deferred == schedule.devices:
@@ -519,14 +559,16 @@ def simulate_schedule(
 
         simulate_schedule(profile, None, stages, build_schedule("1f1b", stages, 8), 4)
     """
-    if profile.tied_parameters:
-        schedule = _with_tied_steps(profile, stages, schedule)
+    if profile.tied_parameters or profile.precision == "fp16":
+        schedule = _with_deferred_steps(profile, stages, schedule)
     times, cut = _stage_tables(profile, topology, stages, microbatch_size)
     devices = _devices_of(schedule, stages)
     num_dev = len(devices)
     total_mb = schedule.num_microbatches * schedule.iterations
     steps = _step_table(profile, topology, stages, step_ms)
     for key, ms in tied_exchange_ms(profile, topology, stages, schedule).items():
+        steps[key] += ms
+    for key, ms in overflow_agreement_ms(profile, topology, stages, schedule).items():
         steps[key] += ms
     weight_versions = 1 if schedule.flush else 2
 

@@ -20,6 +20,10 @@ Actions:
   optimizer step. The first STEP of a stage holding a tied parameter that each program
   reaches in an iteration first exchanges the tied gradients
   (:class:`~planner.runtime.tied.TiedExchange`; all local programs holding one meet there).
+  In fp16 the first STEP of each program in an iteration also meets every other local
+  program there; the process unscales all its gradients, all-reduces the overflow flag
+  over every rank and then steps, or skips, every local stage as every rank does
+  (:class:`~planner.runtime.loss_scale.AgreedLossScaler`).
 
 Example::
 
@@ -43,6 +47,7 @@ from planner.schedule.actions import Action, ActionType
 
 if TYPE_CHECKING:
     from planner.plan import StageSpec
+    from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.placement import Placement
     from planner.runtime.stage import StageRuntime
     from planner.runtime.tied import TiedExchange, TiedRound
@@ -149,6 +154,8 @@ class ProcessExecutor:
         timeout_s: float = 300.0,
         heartbeat: Callable[[], None] | None = None,
         tied: TiedExchange | None = None,
+        scaler: AgreedLossScaler | None = None,
+        scale_group: Any = None,
     ):
         self.rank = rank
         self.placement = placement
@@ -177,6 +184,9 @@ class ProcessExecutor:
         self.tie_programs = sum(
             1 for d in self.local if any(s.id in holding and d in s.devices for s in stages)
         )
+        # fp16: the loss scale, and the group (every rank) that agrees on overflows.
+        self.scaler = scaler
+        self.scale_group = scale_group
 
     # -- one step ---------------------------------------------------------------------
 
@@ -190,6 +200,9 @@ class ProcessExecutor:
         self.losses: dict[int, torch.Tensor] = {}
         self.tie_rounds: dict[str, int] = {}  # per program: iterations it has exchanged
         self.ties: dict[int, TiedRound] = {}  # per iteration: the exchange
+        self.scale_rounds: dict[str, int] = {}  # per program: iterations it has agreed on
+        self.overflow: dict[int, Pending] = {}  # per iteration: the all-reduced flag
+        self.skips: dict[int, bool] = {}  # per iteration: every rank skips its step
         self.p2p.reset()
         for stream in self.streams.values():  # the step's inputs were copied on the default
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -289,7 +302,9 @@ class ProcessExecutor:
                 steps[a.stage] = iteration + 1
                 t0 = self.clock.now()
                 tied = yield from self._exchange_ties(dev, a.stage, iteration)
-                yield from self._step(dev, a.stage, t0 if tied else None)
+                skip = yield from self._agree_overflow(dev, iteration)
+                started = t0 if tied or self.scaler is not None else None
+                yield from self._step(dev, a.stage, started, skip)
 
     def _forward(self, dev: str, s: int, k: int) -> None:
         runtime = self.runtimes[s]
@@ -437,13 +452,58 @@ class ProcessExecutor:
         self.ties[iteration].finish()
         return True
 
-    def _step(self, dev: str, s: int, started: Any = None) -> Iterator[_Wait]:
+    def _agree_overflow(self, dev: str, iteration: int) -> Generator[_Wait, None, bool]:
+        """fp16, at this program's first STEP of ``iteration``: once every local program is
+        here, unscale every local gradient and all-reduce the overflow flag over every rank.
+        Returns whether the iteration's steps are skipped (on every rank alike)."""
+        if self.scaler is None:
+            return False
+        if iteration < self.scale_rounds.get(dev, 0):
+            return self.skips[iteration]  # agreed at an earlier STEP of this iteration
+        self.scale_rounds[dev] = iteration + 1
+        key = ("SCALE", -1, iteration)
+        self.arrived[key] = self.arrived.get(key, 0) + 1
+        if self.arrived[key] == len(self.local):
+            self._sync_streams()
+            found = self.scaler.unscale(self._local_grads(iteration))
+            works = []
+            if self.scale_group is not None:
+                import torch.distributed as dist
+
+                op = dist.ReduceOp.MAX
+                works.append(dist.all_reduce(found, op=op, group=self.scale_group, async_op=True))
+            self.overflow[iteration] = Pending(works, [found], threaded=self.threaded)
+        if iteration not in self.overflow or not self.overflow[iteration].ready():
+            rnd = self.overflow.get(iteration)
+            blocking = rnd.wait if rnd is not None else None
+            yield _Wait(
+                lambda: iteration in self.overflow and self.overflow[iteration].ready(), blocking
+            )
+        if iteration not in self.skips:
+            pending = self.overflow[iteration]
+            pending.wait()
+            self.skips[iteration] = self.scaler.settle(pending.buffers[0])
+        return self.skips[iteration]
+
+    def _local_grads(self, iteration: int) -> list[torch.Tensor]:
+        """Every gradient of this process's stages in ``iteration``, each tensor once."""
+        seen: dict[int, torch.Tensor] = {}
+        for runtime in self.runtimes.values():
+            for p in runtime.params_for(iteration):
+                if p.grad is not None:
+                    seen.setdefault(id(p.grad), p.grad)
+        return list(seen.values())
+
+    def _step(self, dev: str, s: int, started: Any = None, skip: bool = False) -> Iterator[_Wait]:
         key = self._rendezvous("STEP", dev, s)
         if self.arrived[key] == self.local_replicas[s]:
             self._sync_streams()
             t0 = self.clock.now() if started is None else started
             with self._stream(dev):
-                self.steppers[s].step(key[2])
+                if skip:  # fp16: some rank overflowed; every rank drops this iteration
+                    self.steppers[s].skip(key[2])
+                else:
+                    self.steppers[s].step(key[2])
             self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
             self._sync_streams()  # the new weights, before any stream uses them
             self.done[key] = True

@@ -72,6 +72,11 @@ class PlainStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)  # keep the buffers: no page faults
 
+    def skip(self, iteration: int = 0) -> None:
+        """An iteration whose step is dropped (fp16 overflow): clear the gradients only."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=False)
+
 
 class TwoBufferedWeights:
     """PipeDream-2BW: the module computes with ``W(t-1)``; the optimizer owns ``W(t)``.

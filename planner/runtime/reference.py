@@ -15,13 +15,14 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from planner.precision import autocast
 from planner.profile.export_graph import call_for_training
 from planner.profile.loader import load_model_file
+from planner.runtime.batch import slice_batch, to_device
 from planner.runtime.optimizer import make_optimizer
 
 __all__ = ["ReferenceRun", "train_single_process"]
@@ -29,10 +30,12 @@ __all__ = ["ReferenceRun", "train_single_process"]
 
 @dataclass
 class ReferenceRun:
-    """Losses per step and the parameters after the last step (by ``named_parameters``)."""
+    """Losses per step and the parameters after the last step (by ``named_parameters``);
+    with fp16, which steps the loss scaler skipped."""
 
     losses: list[float]
     parameters: dict[str, torch.Tensor]
+    skipped: list[bool] = field(default_factory=list)
 
 
 def train_single_process(
@@ -43,9 +46,16 @@ def train_single_process(
     optimizer: str = "sgd",
     lr: float | None = None,
     precision: str = "fp32",
+    microbatch_size: int | None = None,
+    device: str = "cpu",
 ) -> ReferenceRun:
-    """Train ``steps`` steps of ``batch_size`` samples in this process (see the module);
-    ``precision`` bf16 or fp16 runs the forward and loss under CPU autocast.
+    """Train ``steps`` steps of ``batch_size`` samples in this process (see the module).
+
+    ``precision`` bf16 or fp16 runs the forward and the loss under autocast; fp16 scales
+    the loss with ``torch.amp.GradScaler`` (its defaults). ``microbatch_size`` accumulates
+    the gradient over microbatches of that size (each loss divided by their number), as a
+    plain loop with gradient accumulation does; a pipeline computes exactly that, which in
+    bf16 and fp16 rounds differently from one pass over the whole batch.
 
     Example::
 
@@ -53,18 +63,38 @@ def train_single_process(
     """
     user = load_model_file(model_path)
     torch.manual_seed(0)  # the profiler's and the runtime's seed
-    model = user.build()
+    model = user.build().to(device)
     model.train()
     opt = make_optimizer(optimizer, model.parameters(), lr)
-    losses: list[float] = []
+    scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
+    mbs = microbatch_size or batch_size
+    if batch_size % mbs:
+        raise ValueError(f"batch_size {batch_size} is not a multiple of {mbs}")
+    run = ReferenceRun([], {})
     for step in range(steps):
         torch.manual_seed(step)
         inputs, targets = user.batch(batch_size)
         opt.zero_grad(set_to_none=False)
-        with autocast("cpu", precision):  # as the stages do (planner.precision)
-            loss = user.loss(call_for_training(model, inputs), targets)
-        loss.backward()
-        losses.append(float(loss.detach()))
-        opt.step()
-    final = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return ReferenceRun(losses, final)
+        parts = [
+            (slice_batch(inputs, lo, lo + mbs), slice_batch(targets, lo, lo + mbs))
+            for lo in range(0, batch_size, mbs)
+        ]
+        total = 0.0
+        for x, y in parts:
+            with autocast(device, precision):  # as the stages do (planner.precision)
+                loss = user.loss(
+                    call_for_training(model, to_device(x, device)), to_device(y, device)
+                )
+            seed = loss / len(parts)
+            (scaler.scale(seed) if scaler is not None else seed).backward()
+            total += float(loss.detach())
+        run.losses.append(total / len(parts))
+        if scaler is None:
+            opt.step()
+            continue
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        run.skipped.append(scaler.get_scale() < before)
+    run.parameters = {name: p.detach().to("cpu").clone() for name, p in model.named_parameters()}
+    return run

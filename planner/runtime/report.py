@@ -63,6 +63,9 @@ class RunReport:
     # The stages' own forward/backward against the profile: the largest measured/profiled
     # ratio over stages (None without the profile). Near ``ratio``: the gap is compute speed.
     compute_ratio: float | None = None
+    precision: str = "fp32"  # fp32, or the autocast dtype the forwards ran under
+    # fp16: the steps (warm-up included, from 0) every stage skipped after an overflow.
+    skipped_steps: list[int] = field(default_factory=list)
 
     @property
     def global_batch(self) -> int:
@@ -116,6 +119,8 @@ class RunReport:
             },
             "ratio": None if ratio is None else round(ratio, 4),
             "losses": self.losses,
+            "precision": self.precision,
+            "skipped_steps": self.skipped_steps,
             "notes": self.notes,
         }
 
@@ -225,6 +230,8 @@ def build_report(
         events=events,
         predicted_memory_bytes=dict(plan.predicted.get("memory_bytes", {})),
         notes=notes,
+        precision=str(ranks[0].get("precision", "fp32")),
+        skipped_steps=[i for i, skip in enumerate(ranks[0].get("skipped", [])) if skip],
     )
 
 
@@ -314,7 +321,8 @@ def print_run_report(report: RunReport, console: Console) -> None:
 
     from planner.units import format_bytes
 
-    table = Table(title=f"pipeplan run: {report.schedule}, {report.steps} steps")
+    title = f"pipeplan run: {report.schedule}, {report.steps} steps"
+    table = Table(title=title if report.precision == "fp32" else f"{title}, {report.precision}")
     table.add_column("")
     table.add_column("predicted", justify="right")
     table.add_column("measured", justify="right")
@@ -329,6 +337,9 @@ def print_run_report(report: RunReport, console: Console) -> None:
         table.add_row(
             "loss (first -> last step)", "", f"{report.losses[0]:.4f} -> {report.losses[-1]:.4f}"
         )
+    if report.precision == "fp16":
+        skipped = ", ".join(map(str, report.skipped_steps)) or "none"
+        table.add_row("steps skipped (fp16 overflow)", "", skipped)
     console.print(table)
     mem = Table(title=f"devices ({report.backend}, {report.world_size} processes)")
     mem.add_column("device")

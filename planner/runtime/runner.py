@@ -172,8 +172,9 @@ def run_precision(
     settings: dict[str, Any], asked: str | None, plan_source: str | None = None
 ) -> str:
     """The precision a run trains at: the profile's; ``asked`` (``--precision``) must agree
-    with it, and names it when the plan's profile is not at hand. fp16 is refused: its loss
-    scaling must be agreed by every stage, which the runtime does not do yet.
+    with it, and names it when the plan's profile is not at hand. fp16 trains with loss
+    scaling agreed by every stage (:mod:`planner.runtime.loss_scale`), which needs a
+    flush: fp16 with 2bw's stale weights is refused.
 
     Example::
 
@@ -192,12 +193,14 @@ def run_precision(
                 field="--precision",
             )
     chosen = str(asked or profiled or "fp32")
-    if chosen == "fp16":
+    schedule = settings.get("schedule")
+    if chosen == "fp16" and schedule is not None and not schedule.flush:
         raise InputError(
-            "fp16 training needs loss scaling agreed by every stage, which pipeplan run does "
-            "not do yet; profile and run with --precision bf16",
+            f"fp16 loss scaling skips a step on every stage at once, which the "
+            f"{schedule.name} schedule (no flush, stale weights) cannot do; use bf16, or a "
+            "schedule with a flush",
             file=plan_source,
-            field="precision",
+            field="schedule",
         )
     return chosen
 

@@ -7,7 +7,9 @@ run their forward under non-reentrant activation checkpointing, so only the stag
 stay alive until the backward recomputes the rest.
 
 The last stage's forward also computes the loss, scaled by ``1 / num_microbatches`` so
-that the gradients summed over microbatches (and replicas) equal full-batch training.
+that the gradients summed over microbatches (and replicas) equal full-batch training; in
+fp16 its backward starts from that times the loss scale
+(:class:`~planner.runtime.loss_scale.AgreedLossScaler`).
 
 Example::
 
@@ -54,6 +56,7 @@ class StageRuntime:
         loss: Callable[[Any, Any], torch.Tensor] | None,
         weights: Callable[[int], list[torch.Tensor]] | None = None,
         autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+        scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.module = module
         self.stage_id = stage_id
@@ -67,6 +70,8 @@ class StageRuntime:
         self.weights = weights
         # Mixed precision: the forward and the loss under torch.autocast (planner.precision).
         self.autocast = autocast or contextlib.nullcontext
+        # fp16: the backward of the last stage starts from the loss times the loss scale.
+        self.scale_loss = scale_loss
         self.saved: dict[int, _Saved] = {}
 
     def params_for(self, iteration: int) -> list[torch.Tensor]:
@@ -110,7 +115,10 @@ class StageRuntime:
         if self.is_last:
             if self.loss is None:  # pragma: no cover - the worker always passes one
                 raise RuntimeError("the last stage needs a loss function")
-            self.saved[k] = _Saved(leaves, [loss / self.num_microbatches], [-1], params=params)
+            seed = loss / self.num_microbatches
+            if self.scale_loss is not None:
+                seed = self.scale_loss(seed)
+            self.saved[k] = _Saved(leaves, [seed], [-1], params=params)
             return loss.detach()
         values = tuple(out)
         roots, index = [], []

@@ -102,30 +102,6 @@ def _fault(rank: int, step: int) -> None:
     raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
 
 
-def _slice(value: Any, lo: int, hi: int) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi]
-    if isinstance(value, tuple | list):
-        return type(value)(_slice(v, lo, hi) for v in value)
-    if isinstance(value, dict):
-        return {k: _slice(v, lo, hi) for k, v in value.items()}
-    return value
-
-
-def _to(value: Any, device: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
-
-
 def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     """Run this rank's share of the plan; rank 0 returns (and writes) the gathered result.
 
@@ -140,8 +116,10 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     from planner.profile.loader import load_model_file
     from planner.profile.split import capture_model, retarget_device
     from planner.profile.tied import find_tied_parameters
+    from planner.runtime.batch import slice_batch, to_device
     from planner.runtime.comm import P2P, cut_specs, message_order
     from planner.runtime.executor import ProcessExecutor
+    from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
     from planner.runtime.placement import Placement
     from planner.runtime.stage import StageRuntime
@@ -245,8 +223,20 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     tied = TiedExchange.create(
         find_tied_parameters(split), plan.stages, placement, rank, stage_names
     )
-    if tied.holding:  # every copy's gradient is complete at the device's first such STEP
-        device_actions = defer_tied_steps(device_actions, tied.holding, m)
+    # fp16: the loss scale, and the group of every rank that agrees on overflows (created
+    # on every rank, after the tie groups).
+    scaler, scale_group = None, None
+    if precision == "fp16":
+        scaler = AgreedLossScaler(device)
+        if placement.world_size > 1:
+            scale_group = dist.new_group(list(range(placement.world_size)))
+    for runtime in runtimes.values():
+        runtime.scale_loss = scaler.scale if scaler is not None and runtime.is_last else None
+    # Every gradient a STEP needs is complete at the device's first STEP (of a tie-holding
+    # stage; of any stage in fp16, where every rank agrees on overflows there).
+    deferred = frozenset(s.id for s in plan.stages) if scaler is not None else tied.holding
+    if deferred:
+        device_actions = defer_tied_steps(device_actions, deferred, m)
     order = message_order(device_actions, plan.stages, placement.rank_of)
     executor = ProcessExecutor(
         rank,
@@ -262,6 +252,8 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         timeout_s=float(config["timeout_s"]),
         heartbeat=lambda: _heartbeat(run_dir, rank),
         tied=tied,
+        scaler=scaler,
+        scale_group=scale_group,
     )
     needs_inputs = 0 in runtimes
     needs_targets = len(plan.stages) - 1 in runtimes
@@ -271,8 +263,11 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
             return None, None
         torch.manual_seed(step)
         x, y = user.batch(mbs * m)
-        ins = [split.flat_inputs(_to(_slice(x, k * mbs, (k + 1) * mbs), device)) for k in range(m)]
-        tgs = [_to(_slice(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
+        ins = [
+            split.flat_inputs(to_device(slice_batch(x, k * mbs, (k + 1) * mbs), device))
+            for k in range(m)
+        ]
+        tgs = [to_device(slice_batch(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
         return (ins if needs_inputs else None), (tgs if needs_targets else None)
 
     step_seconds: list[float] = []
@@ -320,6 +315,8 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         "stage_count": {k: len(v) for k, v in stage_samples.items()},
         "peak_memory_bytes": peak,
         "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
+        "precision": precision,
+        "skipped": scaler.skipped if scaler is not None else [],
     }
     trained: dict[str, Any] = {}
     if config.get("return_params"):
