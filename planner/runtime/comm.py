@@ -56,23 +56,40 @@ class ValueSpec:
 
 
 def cut_specs(
-    split: Any, stages: Sequence[StageSpec], inputs: Sequence[Any]
+    split: Any, stages: Sequence[StageSpec], inputs: Sequence[Any], device: Any = None
 ) -> list[list[ValueSpec]]:
     """``specs[s]``: the values stage ``s`` hands to stage ``s + 1`` (empty for the last).
 
-    Runs the split model once without gradients on ``inputs`` (one microbatch, on the CPU).
+    Runs the split model once without gradients on ``inputs`` (one microbatch), under the
+    caller's autocast, so the dtypes are those the stages will produce. On the CPU by
+    default; with a CUDA ``device`` each stage in turn is moved there, run, and moved back
+    (so CUDA autocast decides the dtypes, one stage's weights at a time on the device).
 
     Example::
 
-        specs = cut_specs(split, plan.stages, user.batch(plan.microbatch_size)[0])
+        with autocast("cuda", "bf16"):
+            specs = cut_specs(split, plan.stages, inputs, device=torch.device("cuda", 0))
     """
     import torch
 
+    from planner.profile.split import retarget_device
+    from planner.runtime.batch import to_device
+
+    moving = device is not None and torch.device(device).type != "cpu"
     out: list[list[ValueSpec]] = []
-    values: tuple[Any, ...] = tuple(inputs)
+    values: tuple[Any, ...] = tuple(to_device(list(inputs), device) if moving else inputs)
     with torch.no_grad():
         for spec in stages:
-            result = split.stage(spec.first, spec.last)(*values)
+            module = split.stage(spec.first, spec.last)
+            if moving:
+                module.to(device)
+                retarget_device(module, device)
+            try:
+                result = module(*values)
+            finally:
+                if moving:
+                    module.to("cpu")
+                    retarget_device(module, "cpu")
             if spec.id == len(stages) - 1:
                 out.append([])
                 break

@@ -169,10 +169,10 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     def mixed() -> Any:  # every forward and loss under the profile's autocast
         return autocast(device.type, precision)
 
-    # What crosses each cut, in the dtypes the stages will produce. The pass runs on the CPU,
-    # under CPU autocast; a CUDA stage that makes another dtype is stopped at its first send.
-    with autocast("cpu", precision):
-        specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs))
+    # What crosses each cut, in the dtypes the stages will produce: one pass under this
+    # device's autocast (a message of another dtype would stop the run at its send).
+    with mixed():
+        specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs), device=device)
     names = {id(p): n for n, p in model.named_parameters()}
 
     local = placement.devices_of(rank)
