@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from planner.cli import main
 from planner.fileio import sha256_file
@@ -216,15 +217,26 @@ def _is_worker(pid: int) -> bool:
 
 
 def test_under_torchrun_ranks_come_from_the_environment(setup: dict[str, Path]) -> None:
+    """torchrun starts the ranks; they train exactly as one process does."""
     from planner.runtime.launch import free_port
+    from planner.runtime.reference import train_single_process
 
+    params = setup["root"] / "torchrun-params.pt"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(free_port()), "-m", "planner.cli", "run", str(setup["plan"]),
-         "--model", str(setup["model"]), "--steps", "1", "--warmup", "0", "--timeout", "60",
-         "--json"],
+         "--model", str(setup["model"]), "--steps", "2", "--warmup", "1", "--timeout", "60",
+         "--save-params", str(params), "--json"],
         capture_output=True, text=True, timeout=HARD_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout[done.stdout.index("{") :])  # rank 0 alone prints
     assert report["world_size"] == 2 and set(report["placement"]) == {"cpu0", "cpu1"}
+    assert report["outputs"]["parameters"] == str(params)
+    # The profile's optimizer (adam) at its default rate, 3 steps of 4 microbatches of 2.
+    ref = train_single_process(setup["model"], steps=3, batch_size=8, optimizer="adam")
+    assert report["losses"] == pytest.approx(ref.losses, rel=1e-5)
+    trained = torch.load(params)
+    assert set(trained) == set(ref.parameters)
+    for name, value in ref.parameters.items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-6)

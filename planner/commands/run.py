@@ -79,6 +79,13 @@ def run_command(
         help="A check: must be the precision the plan's profile was measured at.",
         show_default=False,
     ),
+    save_params: Path | None = typer.Option(
+        None,
+        "--save-params",
+        help="Write the trained parameters (torch.save of a dict: name in the original "
+        "model -> tensor), as model.load_state_dict(..., strict=False) takes them.",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Run a plan: one process per device, its action lists exactly, measured.
@@ -100,14 +107,19 @@ def run_command(
     check_run_options(
         steps=steps, warmup=warmup, timeout_s=timeout, threads=threads, lr=lr, cli=True
     )
-    for path, flag in ((trace, "--trace"), (calibrate, "--calibrate")):
+    for path, flag in (
+        (trace, "--trace"),
+        (calibrate, "--calibrate"),
+        (save_params, "--save-params"),
+    ):
         if path is not None:
             check_output_path(path, field=flag)
     try:
         if in_torchrun():
             report = _run_torchrun(
-                plan_path, model, steps, warmup, device, timeout, threads, lr, precision
-            )
+                plan_path, model, steps, warmup, device, timeout, threads, lr, precision,
+                return_params=save_params is not None,
+            )  # fmt: skip
             if report is None:  # not rank 0: rank 0 prints
                 return
         else:
@@ -124,6 +136,7 @@ def run_command(
                 lr=lr,
                 device_map=device_map,
                 precision=precision,
+                return_params=save_params is not None,
             )
     except RunFailed as exc:
         fail(str(exc), code=1)
@@ -151,6 +164,8 @@ def run_command(
         outputs["trace"] = str(trace)
     if calibrate is not None:
         outputs["calibrated_profile"] = str(_calibrate(plan_path, report, calibrate))
+    if save_params is not None:
+        outputs["parameters"] = str(_save_params(report.parameters or {}, save_params))
     if as_json:
         print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
         return
@@ -162,6 +177,19 @@ def run_command(
     print_run_report(report, console)
     for what, where in outputs.items():
         console.print(f"wrote {what.replace('_', ' ')}: {where}")
+
+
+def _save_params(parameters: dict[str, Any], out: Path) -> Path:
+    """``torch.save`` of the trained parameters, written atomically."""
+    import io
+
+    import torch
+
+    from planner.fileio import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    torch.save(parameters, buffer)
+    return atomic_write_bytes(out, buffer.getvalue())
 
 
 def _calibrate(plan_path: Path, report: Any, out: Path) -> Path:
@@ -191,9 +219,13 @@ def _run_torchrun(
     threads: int | None,
     lr: float | None,
     precision: str | None = None,
+    *,
+    return_params: bool = False,
 ) -> Any:
     """Inside torchrun: this process is one rank; rank 0 returns the report."""
     import shutil
+
+    import torch
 
     from planner.runtime.report import build_report
     from planner.runtime.runner import prepare_run, run_precision, worker_config
@@ -218,9 +250,12 @@ def _run_torchrun(
             threads=threads,
             lr=lr,
             plan_source=str(plan_path),
+            return_params=return_params,
         )
         config["init_method"] = "env://"
         result = worker_main(rank, config)
+        if result is not None and return_params:
+            parameters = torch.load(Path(run_dir) / "params.pt")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
@@ -230,4 +265,6 @@ def _run_torchrun(
         result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings["notes"]
     )
     report.profile_path = settings.get("profile_path")
+    if return_params:
+        report.parameters = parameters
     return report
