@@ -62,6 +62,7 @@ _SHADOW_LINKS = (
     "pyproject.toml",
     "bench/svgplot.py",
     "bench/hf_zoo.py",
+    "bench/heavy_half_model.py",
 )
 
 
@@ -138,6 +139,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         "profile_cost", "profile_cost.py", "Profiling cost and repeatability", quick_timeout_s=90
     ),
     Benchmark("allocator", "allocator.py", "Host allocator: keeping freed memory"),
+    Benchmark("profile_accuracy", "profile_accuracy.py", "Profiler: a known 4x ratio"),
     Benchmark(
         "runtime_overhead",
         "runtime_overhead.py",

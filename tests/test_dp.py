@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 
 import pytest
 
@@ -118,15 +117,16 @@ def test_faster_device_gets_more_work() -> None:
     assert f0 + b0 > f1 + b1
 
 
-def test_200_layers_64_slots_is_fast() -> None:
+def test_200_layers_64_slots() -> None:
+    # Its speed is measured by bench/solve_time.py ("dp 200x64"), not asserted here.
     profile = random_profile(200, 1, sizes=(1,))
     costs = layer_costs(profile, 1)
     slots = [Slot((f"g{k}",), 1.0, 1e15) for k in range(64)]
-    start = time.perf_counter()
     part = partition_chain(costs, slots, in_flight=list(range(64, 0, -1)), num_microbatches=128)
-    elapsed = time.perf_counter() - start
     assert part is not None and len(part.ranges) == 64
-    assert elapsed < 1.5
+    assert [r[0] for r in part.ranges] == sorted({r[0] for r in part.ranges})
+    assert part.ranges[0][0] == 0 and part.ranges[-1][1] == 199
+    assert all(a[1] + 1 == b[0] for a, b in zip(part.ranges, part.ranges[1:], strict=False))
 
 
 @pytest.mark.parametrize("seed", range(4))

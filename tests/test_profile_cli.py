@@ -129,11 +129,31 @@ def test_default_output_is_profiles_model_json(
 def test_demo_profiles_a_bundled_example(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The whole chain: a profile, a plan made from it, a run of that plan that trains as
+    one process does."""
+    from planner.plan import Plan
+    from planner.runtime.reference import train_single_process
+
     code, out, _ = _run(["demo", "--model", "mlp", "--out", str(tmp_path), "--json"], capsys)
     assert code == 0
-    files = json.loads(out)["files"]
+    result = json.loads(out)
+    files = result["files"]
     profile = load_profile(files["profile_path"])
     assert profile.model == "mlp" and profile.num_layers == 6
+    plan = Plan.load(files["plan_path"])
+    assert plan.profile["sha256"] == sha256_file(files["profile_path"])
+    assert plan.stages[-1].last == profile.num_layers - 1
+    run = result["run"]
+    assert run["world_size"] == len({d for s in plan.stages for d in s.devices})
+    assert run["predicted"]["iteration_ms"] == plan.predicted["iteration_ms"]
+    assert run["steps"] == 3 and len(run["measured"]["step_ms"]) == 3
+    ref = train_single_process(
+        ROOT / "examples" / "mlp.py",
+        steps=4,
+        optimizer=profile.optimizer,
+        batch_size=plan.microbatch_size * plan.num_microbatches,
+    )  # fmt: skip (one warm-up step, then the three measured ones)
+    assert run["losses"] == pytest.approx(ref.losses, rel=1e-5, abs=1e-6)  # fp32 rounding
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])

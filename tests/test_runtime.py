@@ -197,13 +197,49 @@ def test_shared_devices_in_one_process(tiny: Path) -> None:
     check_same(report, losses, params)
 
 
-def test_2bw_follows_its_update_rule(tiny: Path) -> None:
-    plan = make_plan("0-2:cpu0;3-4:cpu1", "2bw", 4, 2)
+@pytest.mark.parametrize(
+    ("stages", "optimizer", "lr"),
+    [
+        ("0-2:cpu0;3-4:cpu1", "sgd", 0.1),
+        ("0-1:cpu0;2-3:cpu1;4:cpu2", "adam", 1e-2),
+        ("0:cpu0;1-2:cpu1;3-4:cpu2", "momentum", 0.05),
+    ],
+)
+def test_2bw_follows_its_update_rule(tiny: Path, stages: str, optimizer: str, lr: float) -> None:
+    plan = make_plan(stages, "2bw", 4, 2)
     report = run_plan(
-        plan, tiny, steps=3, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1, return_params=True
-    )
-    losses, params = reference(tiny, 3, 8, "sgd", 0.1, two_bw=True)
+        plan, tiny, steps=3, warmup=0, timeout_s=60, optimizer=optimizer, lr=lr,
+        return_params=True,
+    )  # fmt: skip
+    losses, params = reference(tiny, 3, 8, optimizer, lr, two_bw=True)
     check_same(report, losses, params)
-    # ... and that rule is not plain synchronous SGD.
-    _, sync = reference(tiny, 3, 8, "sgd", 0.1)
+    # ... and that rule is not plain synchronous training.
+    _, sync = reference(tiny, 3, 8, optimizer, lr)
     assert any(not torch.allclose(sync[n], params[n]) for n in params)
+
+
+def test_optimized_schedules_run_exactly(tiny: Path) -> None:
+    """The optimized family's orders (warm-up depths, deferred W) run as they simulate: a
+    searched one and a hand-picked deep one, both equal to single-process training."""
+    from planner.cost import synthetic_profile
+    from planner.schedule import schedule_from_order
+    from planner.schedule.optimized import family_order, optimized_schedule
+
+    stages = parse_stages("0-1:cpu0;2-3:cpu1;4:cpu2")
+    m = 4
+    searched = optimized_schedule(
+        stages, m, profile=synthetic_profile(5, backward_weight_ms=3.0), microbatch_size=1
+    )
+    deep = schedule_from_order("optimized", stages, family_order(m, [4, 2, 1], [2, 1, 0]), m)
+    assert searched.meta["family"] == "zb"
+    for schedule in (searched, deep):
+        plan = make_plan("0-1:cpu0;2-3:cpu1;4:cpu2", "1f1b", m, 2)
+        plan.schedule = schedule.to_dict()
+        report = run_plan(
+            plan, tiny, steps=2, warmup=0, timeout_s=60, optimizer="adam", lr=1e-2,
+            return_params=True,
+        )  # fmt: skip
+        losses, params = reference(tiny, 2, 8, "adam", 1e-2)
+        check_same(report, losses, params)
+        kinds = {ev["kind"] for ev in report.events}
+        assert {"I", "W"} <= kinds  # the split backward ran

@@ -1,5 +1,6 @@
-"""Test model: four layers of equal-sized matmuls; the last two do four times the work of the
-first two, so the second half of the model is 4x heavier than the first."""
+"""Benchmark model (bench/profile_accuracy.py): four layers of equal-sized matmuls; the
+last two do four times the work of the first two, so the second half of the model is 4x
+heavier than the first."""
 
 from __future__ import annotations
 
