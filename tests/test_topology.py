@@ -21,6 +21,7 @@ from planner.topology import (
     topology_from_dict,
     uniform_topology,
 )
+from planner.topology.collectives import ring_allreduce_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted((ROOT / "topologies").glob("*.yaml"))
@@ -199,10 +200,10 @@ def test_allreduce_uses_the_routes_and_shares_links() -> None:
     het = load_topology(ROOT / "topologies" / "hetero.yaml")
     ring = ["a100_0", "v100_0", "a100_1", "v100_1"]
     grouped = ["a100_0", "a100_1", "v100_0", "v100_1"]
-    assert het._ring_ms(ring, 1e9) > het._ring_ms(grouped, 1e9)
-    assert het.allreduce_ms(ring, 1e9) == pytest.approx(het._ring_ms(grouped, 1e9))
+    assert ring_allreduce_ms(het, ring, 1e9) > ring_allreduce_ms(het, grouped, 1e9)
+    assert het.allreduce_ms(ring, 1e9) == pytest.approx(ring_allreduce_ms(het, grouped, 1e9))
     chunk = 1e9 / 4
-    assert het._ring_ms(ring, 1e9) == pytest.approx(
+    assert ring_allreduce_ms(het, ring, 1e9) == pytest.approx(
         6 * (het.latency_ms("a100_0", "v100_0") + chunk / (12.5 * GB / 2) * 1e3)
     )
 

@@ -13,7 +13,7 @@ import yaml
 from planner.cli import main
 from planner.errors import InputError
 from planner.topology import Topology, load_topology, topology_from_dict
-from planner.topology_detect import (
+from planner.topology.detect import (
     detect_topology,
     gpu_kind,
     nvlink_per_link,

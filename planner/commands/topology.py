@@ -134,7 +134,7 @@ def show(
         check_output_path(svg, field="--svg")
     topo = load_topology(file)
     if svg is not None:
-        from planner.topology_svg import topology_svg
+        from planner.topology.svg import topology_svg
 
         atomic_write_text(svg, topology_svg(topo))
     if as_json:
@@ -226,7 +226,7 @@ def detect(
     """
     from planner.errors import InputError
     from planner.fileio import atomic_write_text, check_output_path
-    from planner.topology_detect import (
+    from planner.topology.detect import (
         detect_topology,
         parse_bandwidth_overrides,
         run_nvidia_smi,
