@@ -1,8 +1,9 @@
 """The ``pipeplan`` command line: a thin layer over the Python API.
 
 Each verb lives in ``planner/commands/<verb>.py`` and registers itself on :data:`app`.
-Bad input anywhere becomes one line on stderr and exit code 2 (``--debug`` keeps the
-traceback); see :func:`main`.
+Bad input anywhere (:class:`~planner.errors.InputError`) becomes one line on stderr and
+exit code 2, a failed training run (:class:`~planner.errors.RunFailed`) one line and exit
+code 1, Ctrl-C exit code 130 (``--debug`` keeps the traceback); see :func:`main`.
 
 Example::
 
@@ -23,7 +24,7 @@ try:  # typer >= 0.29 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on top of click
     from click.exceptions import UsageError  # type: ignore[assignment,no-redef,unused-ignore]
 
-from planner.errors import InputError
+from planner.errors import InputError, RunFailed
 
 __all__ = ["app", "main"]
 
@@ -100,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(2) from None
         where = exc.ctx.command_path if exc.ctx is not None else "pipeplan"
         fail(message if where == "pipeplan" else f"{where}: {message}")
+    except RunFailed as exc:
+        if debug:
+            traceback.print_exc()
+        fail(str(exc), code=1)
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):

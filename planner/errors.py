@@ -1,7 +1,8 @@
-"""The one exception type that means "the user gave us bad input".
+"""The exceptions the command line turns into one line: bad input, and a failed run.
 
-The CLI turns an :class:`InputError` into a single line on stderr and exit code 2;
-anything else is a bug and keeps its traceback.
+The CLI turns an :class:`InputError` into a single line on stderr and exit code 2, a
+:class:`RunFailed` into a single line and exit code 1; anything else is a bug and keeps
+its traceback.
 
 Example::
 
@@ -10,7 +11,7 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["InputError", "InfeasibleError"]
+__all__ = ["InfeasibleError", "InputError", "RunFailed"]
 
 
 class InputError(Exception):
@@ -31,3 +32,7 @@ class InputError(Exception):
 
 class InfeasibleError(InputError):
     """The inputs are well formed but admit no plan (e.g. nothing fits in memory)."""
+
+
+class RunFailed(RuntimeError):
+    """A training run failed: a rank raised, died or hung; the message names it (one line)."""

@@ -98,10 +98,9 @@ def run_command(
 
     Example: pipeplan run plan.json --model examples/mlp.py --steps 5 --trace measured.json
     """
-    from planner.cli import fail
     from planner.errors import InputError
     from planner.fileio import atomic_write_json, check_output_path
-    from planner.runtime.launch import RunFailed, in_torchrun
+    from planner.runtime.launch import in_torchrun
     from planner.runtime.runner import check_run_options
 
     check_run_options(
@@ -114,34 +113,30 @@ def run_command(
     ):
         if path is not None:
             check_output_path(path, field=flag)
-    try:
-        if in_torchrun():
-            report = _run_torchrun(
-                plan_path, model, steps, warmup, device, timeout, threads, lr, precision,
-                return_params=save_params is not None,
-            )  # fmt: skip
-            if report is None:  # not rank 0: rank 0 prints
-                return
-        else:
-            from planner.runtime.runner import run_plan
+    if in_torchrun():
+        report = _run_torchrun(
+            plan_path, model, steps, warmup, device, timeout, threads, lr, precision,
+            return_params=save_params is not None,
+        )  # fmt: skip
+        if report is None:  # not rank 0: rank 0 prints
+            return
+    else:
+        from planner.runtime.runner import run_plan
 
-            report = run_plan(
-                plan_path,
-                model,
-                steps=steps,
-                warmup=warmup,
-                device=device,
-                timeout_s=timeout,
-                threads=threads,
-                lr=lr,
-                device_map=device_map,
-                precision=precision,
-                return_params=save_params is not None,
-            )
-    except RunFailed as exc:
-        fail(str(exc), code=1)
-    except KeyboardInterrupt:
-        fail("interrupted; stopped every rank", code=130)
+        report = run_plan(
+            plan_path,
+            model,
+            steps=steps,
+            warmup=warmup,
+            device=device,
+            timeout_s=timeout,
+            threads=threads,
+            lr=lr,
+            device_map=device_map,
+            precision=precision,
+            return_params=save_params is not None,
+        )
+    # A failed rank (RunFailed) is exit 1 and Ctrl-C exit 130, in planner.cli.main.
     outputs: dict[str, Any] = {}
     if trace is not None:
         from planner.plan import Plan

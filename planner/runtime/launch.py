@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner.errors import RunFailed
+
 __all__ = ["RunFailed", "free_port", "in_torchrun", "launch_local", "worker_env"]
 
 # Seconds a rank may spend starting up (importing torch, building the model) before the
@@ -48,10 +50,6 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
-
-
-class RunFailed(RuntimeError):
-    """A rank failed, died or hung; the message names it (one line)."""
 
 
 def free_port() -> int:
