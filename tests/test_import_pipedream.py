@@ -11,7 +11,7 @@ import pytest
 from planner.cli import main
 from planner.errors import InputError
 from planner.profile import load_profile
-from planner.profile.pipedream import import_pipedream, parse_pipedream
+from planner.profile.import_pipedream import import_pipedream, parse_pipedream
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared/data/pipedream"

@@ -70,7 +70,7 @@ def pipedream(
     Example: pipeplan import pipedream vgg16/graph.txt -o profiles/pipedream-vgg16.json
     """
     from planner.fileio import check_output_path
-    from planner.profile.pipedream import import_pipedream
+    from planner.profile.import_pipedream import import_pipedream
 
     if output is not None:
         check_output_path(output, field="-o")

@@ -18,7 +18,7 @@ from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
 from planner.schedule.expand import ComputeOp
 from planner.schedule.gpipe import gpipe_order
 from planner.schedule.interleaved import interleaved_order
-from planner.schedule.pipedream import onef1b_order
+from planner.schedule.onef1b import onef1b_order
 from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
 
