@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,61 +103,55 @@ def _fault(rank: int, step: int) -> None:
     raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
 
 
+@dataclass
+class _Stages:
+    """This rank's stages, their optimizers, and the action lists it runs."""
+
+    runtimes: dict[int, Any]  # stage id -> StageRuntime
+    steppers: dict[int, Any]  # stage id -> PlainStep / TwoBufferedWeights / StreamedTwoBW
+    names: dict[int, list[str]]  # canonical names of each stage's trainable parameters
+    device_actions: Any  # plan device -> its action list (2bw: a continuous stream)
+    two_bw: bool
+    stream: bool
+
+
+@dataclass
+class _Measured:
+    """What the steps of this rank measured."""
+
+    step_seconds: list[float] = field(default_factory=list)
+    losses: list[list[float]] = field(default_factory=list)
+    stage_samples: dict[str, list[float]] = field(default_factory=dict)
+    last_events: list[dict[str, Any]] = field(default_factory=list)
+
+
 def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     """Run this rank's share of the plan; rank 0 returns (and writes) the gathered result.
 
     ``config`` is what :func:`planner.runtime.launch.worker_config` builds.
     """
     import torch
-    import torch.distributed as dist
 
-    from planner.allocator import keep_freed_memory
     from planner.plan import plan_from_dict
     from planner.precision import autocast
     from planner.profile.loader import load_model_file
-    from planner.profile.split import capture_model, retarget_device
-    from planner.profile.tied import find_tied_parameters
-    from planner.runtime.batch import slice_batch, to_device
-    from planner.runtime.comm import P2P, cut_specs, message_order
-    from planner.runtime.executor import ProcessExecutor
-    from planner.runtime.loss_scale import AgreedLossScaler
-    from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
+    from planner.profile.split import capture_model
+    from planner.runtime.comm import cut_specs
     from planner.runtime.placement import Placement
-    from planner.runtime.stage import StageRuntime
-    from planner.runtime.tied import TiedExchange, own_copies
     from planner.schedule.actions import Schedule
-    from planner.schedule.tied import defer_tied_steps
 
     run_dir = Path(config["run_dir"])
     placement = Placement.from_dict(config["placement"])
-    keep_freed_memory()  # as the profiler did: see planner.allocator
-    torch.set_num_threads(int(config.get("threads") or 1))
-    if placement.device_type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    timeout = datetime.timedelta(seconds=float(config["timeout_s"]))
-    init = config.get("init_method") or "env://"
-    dist.init_process_group(
-        placement.backend,
-        init_method=init,
-        rank=rank,
-        world_size=placement.world_size,
-        timeout=timeout,
-    )
-    control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
+    device, control = _init_process(rank, config, placement)
     _heartbeat(run_dir, rank)
 
     plan = plan_from_dict(config["plan"], source=config.get("plan_source", "<plan>"))
     schedule = Schedule.from_dict(plan.schedule, source=config.get("plan_source"))
-    mbs, m = plan.microbatch_size, plan.num_microbatches
     user = load_model_file(config["model"])
     torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
     model = user.build()
     model.train()
-    sample_inputs, _ = user.batch(mbs)
+    sample_inputs, _ = user.batch(plan.microbatch_size)
     split = capture_model(
         model,
         sample_inputs,
@@ -174,43 +169,132 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     with mixed():
         specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs), device=device)
     names = {id(p): n for n, p in model.named_parameters()}
+    stages = _build_stages(rank, config, plan, schedule, placement, split, names, user, device)
+    for runtime in stages.runtimes.values():
+        runtime.autocast = mixed
+    executor, scaler = _executor(rank, config, plan, placement, split, stages, specs, device)
 
+    def batches(step: int) -> tuple[list[Any] | None, list[Any] | None]:
+        return _batches(step, user, split, plan, stages.runtimes, device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    measured = _train(rank, run_dir, executor, batches, stages.stream, config, control, plan)
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else _max_rss()
+    mine: dict[str, Any] = {
+        "rank": rank,
+        "devices": placement.devices_of(rank),
+        "torch_device": str(device),
+        "step_seconds": measured.step_seconds,
+        "losses": measured.losses,
+        "events": measured.last_events,
+        "stage_ms": {k: statistics.median(v) for k, v in measured.stage_samples.items()},
+        "stage_count": {k: len(v) for k, v in measured.stage_samples.items()},
+        "peak_memory_bytes": peak,
+        "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
+        "precision": precision,
+        "skipped": scaler.skipped if scaler is not None else [],
+    }
+    return _gather(rank, run_dir, config, placement, stages, mine, control)
+
+
+def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[Any, Any]:
+    """Threads, allocator, this rank's device and the process group; returns the device and
+    the gloo group for control messages (None: the default group is gloo already)."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the profiler did: see planner.allocator
+    torch.set_num_threads(int(config.get("threads") or 1))
+    if placement.device_type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        placement.backend,
+        init_method=config.get("init_method") or "env://",
+        rank=rank,
+        world_size=placement.world_size,
+        timeout=datetime.timedelta(seconds=float(config["timeout_s"])),
+    )
+    control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
+    return device, control
+
+
+def _build_stages(
+    rank: int,
+    config: dict[str, Any],
+    plan: Any,
+    schedule: Any,
+    placement: Any,
+    split: Any,
+    names: dict[int, str],
+    user: Any,
+    device: Any,
+) -> _Stages:
+    """This rank's stage modules (tied parameters copied, never shared), their optimizers
+    (2bw: weight versions) and the action lists to run."""
+    from planner.profile.split import retarget_device
+    from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
+    from planner.runtime.stage import StageRuntime
+    from planner.runtime.tied import own_copies
+
+    m = plan.num_microbatches
     local = placement.devices_of(rank)
-    local_stages = [s for s in plan.stages if any(d in local for d in s.devices)]
     two_bw = schedule.name == "2bw" or not schedule.flush
-    warmup, steps = int(config["warmup"]), int(config["steps"])
-    total = warmup + steps
+    total = int(config["warmup"]) + int(config["steps"])
     device_actions, stream = schedule.devices, False
     if two_bw and total > 1:
         device_actions, stream = stream_2bw(schedule, plan.stages, m, total)
-    runtimes: dict[int, StageRuntime] = {}
-    steppers: dict[int, Any] = {}
-    stage_names: dict[int, list[str]] = {}  # canonical names of each stage's parameters
+    out = _Stages({}, {}, {}, device_actions, two_bw, stream)
     claimed: set[int] = set()  # parameters an earlier local stage holds: copy, never share
-    for spec in local_stages:
+    for spec in (s for s in plan.stages if any(d in local for d in s.devices)):
         module = split.stage(spec.first, spec.last).to(device)
         retarget_device(module, device)
-        stage_names[spec.id] = [names[id(p)] for p in module.parameters() if p.requires_grad]
+        out.names[spec.id] = [names[id(p)] for p in module.parameters() if p.requires_grad]
         module = own_copies(module, claimed)
         module.train()
         is_last = spec.id == len(plan.stages) - 1
         params = [p for p in module.parameters() if p.requires_grad]
-        if stream:
-            steppers[spec.id] = StreamedTwoBW(params, config["optimizer"], config.get("lr"))
-        elif two_bw:
-            steppers[spec.id] = TwoBufferedWeights(params, config["optimizer"], config.get("lr"))
-        else:
-            steppers[spec.id] = PlainStep(params, config["optimizer"], config.get("lr"))
-        runtimes[spec.id] = StageRuntime(
+        kind = StreamedTwoBW if stream else TwoBufferedWeights if two_bw else PlainStep
+        out.steppers[spec.id] = kind(params, config["optimizer"], config.get("lr"))
+        out.runtimes[spec.id] = StageRuntime(
             module,
             stage_id=spec.id,
             is_last=is_last,
             recompute=spec.recompute,
             num_microbatches=m,
             loss=user.loss if is_last else None,
-            weights=steppers[spec.id].weights if stream else None,
-            autocast=mixed,
+            weights=out.steppers[spec.id].weights if stream else None,
         )
+    return out
+
+
+def _executor(
+    rank: int,
+    config: dict[str, Any],
+    plan: Any,
+    placement: Any,
+    split: Any,
+    stages: _Stages,
+    specs: Any,
+    device: Any,
+) -> tuple[Any, Any]:
+    """The process groups (replicas, ties, fp16's overflow agreement: created on every rank
+    in one order), the final action lists and the executor; also returns the loss scaler."""
+    import torch.distributed as dist
+
+    from planner.profile.tied import find_tied_parameters
+    from planner.runtime.comm import P2P, message_order
+    from planner.runtime.executor import ProcessExecutor
+    from planner.runtime.loss_scale import AgreedLossScaler
+    from planner.runtime.tied import TiedExchange
+    from planner.schedule.tied import defer_tied_steps
+
     # Every rank creates every replica group, in stage order (torch.distributed requires it).
     groups: dict[int, Any] = {}
     for spec in plan.stages:
@@ -221,30 +305,34 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
                 groups[spec.id] = group
     # Then one group per tied parameter, in the same order everywhere (planner.runtime.tied).
     tied = TiedExchange.create(
-        find_tied_parameters(split), plan.stages, placement, rank, stage_names
+        find_tied_parameters(split), plan.stages, placement, rank, stages.names
     )
     # fp16: the loss scale, and the group of every rank that agrees on overflows (created
     # on every rank, after the tie groups).
     scaler, scale_group = None, None
-    if precision == "fp16":
+    if str(config.get("precision") or "fp32") == "fp16":
         scaler = AgreedLossScaler(device)
         if placement.world_size > 1:
             scale_group = dist.new_group(list(range(placement.world_size)))
-    for runtime in runtimes.values():
+    for runtime in stages.runtimes.values():
         runtime.scale_loss = scaler.scale if scaler is not None and runtime.is_last else None
     # Every gradient a STEP needs is complete at the device's first STEP (of a tie-holding
     # stage; of any stage in fp16, where every rank agrees on overflows there).
     deferred = frozenset(s.id for s in plan.stages) if scaler is not None else tied.holding
     if deferred:
-        device_actions = defer_tied_steps(device_actions, deferred, m)
-    order = message_order(device_actions, plan.stages, placement.rank_of)
+        stages.device_actions = defer_tied_steps(
+            stages.device_actions, deferred, plan.num_microbatches
+        )
+    order = message_order(stages.device_actions, plan.stages, placement.rank_of)
+    local = placement.devices_of(rank)
+    run_dir = Path(config["run_dir"])
     executor = ProcessExecutor(
         rank,
         placement,
         plan.stages,
-        device_actions,
-        runtimes,
-        steppers,
+        stages.device_actions,
+        stages.runtimes,
+        stages.steppers,
         specs,
         P2P(rank, order, specs, device, threaded=device.type == "cpu" and len(local) > 1),
         groups,
@@ -255,27 +343,48 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
         scaler=scaler,
         scale_group=scale_group,
     )
+    return executor, scaler
+
+
+def _batches(
+    step: int, user: Any, split: Any, plan: Any, runtimes: dict[int, Any], device: Any
+) -> tuple[list[Any] | None, list[Any] | None]:
+    """Step ``step``'s microbatches: inputs for a first stage, targets for a last one."""
+    import torch
+
+    from planner.runtime.batch import slice_batch, to_device
+
     needs_inputs = 0 in runtimes
     needs_targets = len(plan.stages) - 1 in runtimes
+    if not (needs_inputs or needs_targets):
+        return None, None
+    mbs, m = plan.microbatch_size, plan.num_microbatches
+    torch.manual_seed(step)
+    x, y = user.batch(mbs * m)
+    ins = [
+        split.flat_inputs(to_device(slice_batch(x, k * mbs, (k + 1) * mbs), device))
+        for k in range(m)
+    ]
+    tgs = [to_device(slice_batch(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
+    return (ins if needs_inputs else None), (tgs if needs_targets else None)
 
-    def batches(step: int) -> tuple[list[Any] | None, list[Any] | None]:
-        if not (needs_inputs or needs_targets):
-            return None, None
-        torch.manual_seed(step)
-        x, y = user.batch(mbs * m)
-        ins = [
-            split.flat_inputs(to_device(slice_batch(x, k * mbs, (k + 1) * mbs), device))
-            for k in range(m)
-        ]
-        tgs = [to_device(slice_batch(y, k * mbs, (k + 1) * mbs), device) for k in range(m)]
-        return (ins if needs_inputs else None), (tgs if needs_targets else None)
 
-    step_seconds: list[float] = []
-    losses: list[list[float]] = []
-    stage_samples: dict[str, list[float]] = {}
-    last_events: list[dict[str, Any]] = []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def _train(
+    rank: int,
+    run_dir: Path,
+    executor: Any,
+    batches: Any,
+    stream: bool,
+    config: dict[str, Any],
+    control: Any,
+    plan: Any,
+) -> _Measured:
+    """Run the warm-up and measured steps (2bw: one continuous stream of them)."""
+    import torch.distributed as dist
+
+    warmup = int(config["warmup"])
+    total = warmup + int(config["steps"])
+    out = _Measured()
     if stream:
         # One continuous 2bw stream: the data of every iteration, then one run.
         _heartbeat(run_dir, rank)
@@ -288,41 +397,43 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
             tgs_all += tgs or []
         dist.barrier(group=control)
         result = executor.run_step(ins_all or None, tgs_all or None)
-        step_seconds, losses, stage_samples, last_events = _split_stream(result, m, warmup, total)
+        split = _split_stream(result, plan.num_microbatches, warmup, total)
+        out.step_seconds, out.losses, out.stage_samples, out.last_events = split
     for step in range(0 if stream else total):
         _heartbeat(run_dir, rank)
         _fault(rank, step)
         inputs, targets = batches(step)
         dist.barrier(group=control)
         result = executor.run_step(inputs, targets)
-        losses.append(result.losses)
+        out.losses.append(result.losses)
         if step >= warmup:
-            step_seconds.append(result.seconds)
+            out.step_seconds.append(result.seconds)
             for ev in result.events:
                 key = f"{ev.kind}{ev.stage}"
-                stage_samples.setdefault(key, []).append(ev.end_ms - ev.start_ms)
-            last_events = [ev.__dict__ for ev in result.events]
+                out.stage_samples.setdefault(key, []).append(ev.end_ms - ev.start_ms)
+            out.last_events = [ev.__dict__ for ev in result.events]
     dist.barrier(group=control)
-    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else _max_rss()
-    mine: dict[str, Any] = {
-        "rank": rank,
-        "devices": local,
-        "torch_device": str(device),
-        "step_seconds": step_seconds,
-        "losses": losses,
-        "events": last_events,
-        "stage_ms": {k: statistics.median(v) for k, v in stage_samples.items()},
-        "stage_count": {k: len(v) for k, v in stage_samples.items()},
-        "peak_memory_bytes": peak,
-        "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
-        "precision": precision,
-        "skipped": scaler.skipped if scaler is not None else [],
-    }
+    return out
+
+
+def _gather(
+    rank: int,
+    run_dir: Path,
+    config: dict[str, Any],
+    placement: Any,
+    stages: _Stages,
+    mine: dict[str, Any],
+    control: Any,
+) -> dict[str, Any] | None:
+    """Rank 0 gathers every rank's figures (and parameters) and writes them; all return."""
+    import torch
+    import torch.distributed as dist
+
     trained: dict[str, Any] = {}
     if config.get("return_params"):
-        for s, rt in runtimes.items():
-            tensors = steppers[s].state() if two_bw else rt.params
-            for name, t in zip(stage_names[s], tensors, strict=True):
+        for s, rt in stages.runtimes.items():
+            tensors = stages.steppers[s].state() if stages.two_bw else rt.params
+            for name, t in zip(stages.names[s], tensors, strict=True):
                 trained[name] = t.detach().to("cpu").clone()
     gathered: list[Any] = [None] * placement.world_size if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0, group=control)
