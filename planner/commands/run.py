@@ -10,9 +10,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -98,25 +95,23 @@ def run_command(
 
     Example: pipeplan run plan.json --model examples/mlp.py --steps 5 --trace measured.json
     """
-    from planner.errors import InputError
-    from planner.fileio import atomic_write_json, check_output_path
+    from planner.fileio import check_output_path
     from planner.runtime.launch import in_torchrun
     from planner.runtime.runner import check_run_options
 
     check_run_options(
         steps=steps, warmup=warmup, timeout_s=timeout, threads=threads, lr=lr, cli=True
     )
-    for path, flag in (
-        (trace, "--trace"),
-        (calibrate, "--calibrate"),
-        (save_params, "--save-params"),
-    ):
+    outs = {"--trace": trace, "--calibrate": calibrate, "--save-params": save_params}
+    for flag, path in outs.items():
         if path is not None:
             check_output_path(path, field=flag)
     if in_torchrun():
-        report = _run_torchrun(
-            plan_path, model, steps, warmup, device, timeout, threads, lr, precision,
-            return_params=save_params is not None,
+        from planner.runtime.runner import run_this_rank
+
+        report = run_this_rank(
+            plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
+            threads=threads, lr=lr, precision=precision, return_params=save_params is not None,
         )  # fmt: skip
         if report is None:  # not rank 0: rank 0 prints
             return
@@ -124,20 +119,33 @@ def run_command(
         from planner.runtime.runner import run_plan
 
         report = run_plan(
-            plan_path,
-            model,
-            steps=steps,
-            warmup=warmup,
-            device=device,
-            timeout_s=timeout,
-            threads=threads,
-            lr=lr,
-            device_map=device_map,
-            precision=precision,
+            plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
+            threads=threads, lr=lr, device_map=device_map, precision=precision,
             return_params=save_params is not None,
-        )
+        )  # fmt: skip
     # A failed rank (RunFailed) is exit 1 and Ctrl-C exit 130, in planner.cli.main.
-    outputs: dict[str, Any] = {}
+    outputs = _write_outputs(report, plan_path, trace, calibrate, save_params)
+    if as_json:
+        print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
+        return
+    from rich.console import Console
+
+    from planner.runtime.report import print_run_report
+
+    console = Console()
+    print_run_report(report, console)
+    for what, where in outputs.items():
+        console.print(f"wrote {what.replace('_', ' ')}: {where}")
+
+
+def _write_outputs(
+    report: Any, plan_path: Path, trace: Path | None, calibrate: Path | None, params: Path | None
+) -> dict[str, str]:
+    """Write what --trace, --calibrate and --save-params ask for; returns what was written."""
+    from planner.errors import InputError
+    from planner.fileio import atomic_write_json
+
+    outputs: dict[str, str] = {}
     if trace is not None:
         from planner.plan import Plan
         from planner.runtime.report import measured_trace
@@ -159,19 +167,9 @@ def run_command(
         outputs["trace"] = str(trace)
     if calibrate is not None:
         outputs["calibrated_profile"] = str(_calibrate(plan_path, report, calibrate))
-    if save_params is not None:
-        outputs["parameters"] = str(_save_params(report.parameters or {}, save_params))
-    if as_json:
-        print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
-        return
-    from rich.console import Console
-
-    from planner.runtime.report import print_run_report
-
-    console = Console()
-    print_run_report(report, console)
-    for what, where in outputs.items():
-        console.print(f"wrote {what.replace('_', ' ')}: {where}")
+    if params is not None:
+        outputs["parameters"] = str(_save_params(report.parameters or {}, params))
+    return outputs
 
 
 def _save_params(parameters: dict[str, Any], out: Path) -> Path:
@@ -202,64 +200,3 @@ def _calibrate(plan_path: Path, report: Any, out: Path) -> Path:
     corrected = calibrated_profile(load_profile(report.profile_path), plan, report.stage_ms)
     corrected.save(out)
     return out
-
-
-def _run_torchrun(
-    plan_path: Path,
-    model: Path,
-    steps: int,
-    warmup: int,
-    device: str,
-    timeout: float,
-    threads: int | None,
-    lr: float | None,
-    precision: str | None = None,
-    *,
-    return_params: bool = False,
-) -> Any:
-    """Inside torchrun: this process is one rank; rank 0 returns the report."""
-    import shutil
-
-    import torch
-
-    from planner.runtime.report import build_report
-    from planner.runtime.runner import prepare_run, run_precision, worker_config
-    from planner.runtime.worker import worker_main
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    plan, settings, placement = prepare_run(
-        plan_path, model, device=device, world_size=world, plan_source=str(plan_path)
-    )
-    settings["precision"] = run_precision(settings, precision, str(plan_path))
-    run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
-    try:
-        config = worker_config(
-            plan,
-            settings,
-            placement,
-            model,
-            steps=steps,
-            warmup=warmup,
-            timeout_s=timeout,
-            run_dir=run_dir,
-            threads=threads,
-            lr=lr,
-            plan_source=str(plan_path),
-            return_params=return_params,
-        )
-        config["init_method"] = "env://"
-        result = worker_main(rank, config)
-        if result is not None and return_params:
-            parameters = torch.load(Path(run_dir) / "params.pt")
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    if result is None:
-        sys.stdout.flush()
-        return None
-    report = build_report(
-        result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings["notes"]
-    )
-    report.profile_path = settings.get("profile_path")
-    if return_params:
-        report.parameters = parameters
-    return report

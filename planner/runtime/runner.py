@@ -30,7 +30,14 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.runtime.report import RunReport, build_report, explain_gap
 
-__all__ = ["check_plan", "check_run_options", "prepare_run", "run_plan", "run_precision"]
+__all__ = [
+    "check_plan",
+    "check_run_options",
+    "prepare_run",
+    "run_plan",
+    "run_precision",
+    "run_this_rank",
+]
 
 
 def check_run_options(
@@ -400,4 +407,62 @@ def run_plan(
     report.profile_path = settings.get("profile_path")
     if settings.get("profile") is not None:
         explain_gap(report, settings["profile"], plan)
+    return report
+
+
+def run_this_rank(
+    plan_path: str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    *,
+    steps: int = 5,
+    warmup: int = 1,
+    device: str = "cpu",
+    timeout_s: float = 300.0,
+    threads: int | None = None,
+    lr: float | None = None,
+    precision: str | None = None,
+    return_params: bool = False,
+) -> RunReport | None:
+    """Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set): this process is one
+    rank of the plan's run; rank 0 returns the report, every other rank None.
+
+    Example::
+
+        # torchrun --nproc-per-node 2 -m planner.cli run plan.json --model model.py
+        report = run_this_rank("plan.json", "model.py", steps=5)
+    """
+    import sys
+
+    import torch
+
+    from planner.runtime.worker import worker_main
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    source = str(plan_path)
+    plan, settings, placement = prepare_run(
+        plan_path, model_path, device=device, world_size=world, plan_source=source
+    )
+    settings["precision"] = run_precision(settings, precision, source)
+    run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
+    parameters = None
+    try:
+        config = worker_config(
+            plan, settings, placement, model_path, steps=steps, warmup=warmup,
+            timeout_s=timeout_s, run_dir=run_dir, threads=threads, lr=lr,
+            plan_source=source, return_params=return_params,
+        )  # fmt: skip
+        config["init_method"] = "env://"
+        result = worker_main(rank, config)
+        if result is not None and return_params:
+            parameters = torch.load(Path(run_dir) / "params.pt")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if result is None:
+        sys.stdout.flush()
+        return None
+    report = build_report(
+        result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings["notes"]
+    )
+    report.profile_path = settings.get("profile_path")
+    report.parameters = parameters
     return report
