@@ -341,3 +341,15 @@ def test_exported_schedule_trains_like_pipeplan_run(
     check_same(got, report.losses, report.parameters)
     initial = train_single_process(model, steps=0, batch_size=mbs * m).parameters
     assert all(not torch.equal(initial[n], got[n]) for n in initial)  # it trained
+
+
+def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) -> None:
+    """Every stage on two replicas: two pipelines of two ranks, gradients summed over the
+    data-parallel group (the plan's ALLREDUCE), the same as one process."""
+    plan = make_plan(tmp_path, "mlp", "0-2:cpu0,cpu2;3-5:cpu1,cpu3", "1f1b", 4, 8)
+    model = ROOT / "examples" / "mlp.py"
+    result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    assert (result.pp_degree, result.dp_degree) == (2, 2)
+    got = run_exported(result.out_dir, result.world_size, 2)
+    ref = train_single_process(model, steps=2, batch_size=32, optimizer="momentum", lr=0.05)
+    check_same(got, ref.losses, ref.parameters)
