@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch.distributed.pipelining.schedules import (
     _Action,
+    _add_send_recv,
     _simulate_comms_compute,
     _validate_schedule,
 )
@@ -131,6 +132,9 @@ def test_layout_passes_torch_validation(schedule: str, stages: str, m: int) -> N
     mapping = _validate_schedule(compute, layout.pp_degree, len(specs), m)
     assert [mapping[s] for s in range(len(specs))] == layout.stage_to_rank
     comms = parse_rows(layout.rows[0])
+    # torch's own lowering of the compute-only rows (torchtitan's path) finds an order
+    lowered = _add_send_recv(dict(compute), lambda s: mapping[s], len(specs))  # type: ignore[arg-type]
+    assert sum(len(v) for v in lowered.values()) == sum(len(v) for v in comms.values())
     # torch's simulator of a compute+comms schedule: every action runs, none deadlocks
     done = _simulate_comms_compute(comms, lambda s: layout.stage_to_rank[s], len(specs))
     assert sum(len(v) for v in comms.values()) <= sum(len(v) for v in done.values())
@@ -313,23 +317,30 @@ def check_same(
 
 
 @pytest.mark.parametrize(
-    ("example", "stages", "schedule", "m", "mbs", "split"),
+    ("example", "stages", "schedule", "m", "mbs", "options"),
     [
-        ("mlp", "0-2:cpu0;3-5:cpu1", "gpipe", 4, 8, "pipeplan"),
-        ("gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, "pipeplan"),
-        ("mlp", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1", "interleaved", 4, 8, "pipeplan"),
-        ("mlp", "0-3:cpu0;4-5:cpu1", "zb", 3, 8, "torch"),
+        # compute-only rows, torch adding the communication: what torchtitan loads
+        ("mlp", "0-2:cpu0;3-5:cpu1", "gpipe", 4, 8, ("--csv", "compute")),
+        ("gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, ()),
+        ("mlp", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1", "interleaved", 4, 8, ()),
+        ("mlp", "0-3:cpu0;4-5:cpu1", "zb", 3, 8, ("--split", "torch")),  # torch's pipeline()
     ],
 )
 def test_exported_schedule_trains_like_pipeplan_run(
-    tmp_path: Path, example: str, stages: str, schedule: str, m: int, mbs: int, split: str
+    tmp_path: Path,
+    example: str,
+    stages: str,
+    schedule: str,
+    m: int,
+    mbs: int,
+    options: tuple[str, ...],
 ) -> None:
     """Profiled microbatch sizes (run compares with the profile's prediction)."""
     steps = 2
     plan = make_plan(tmp_path, example, stages, schedule, m, mbs)
     model = ROOT / "examples" / f"{example}.py"
     result = export_plan(plan, "torch", tmp_path / "out", model=model)
-    got = run_exported(result.out_dir, result.world_size, steps, "--split", split)
+    got = run_exported(result.out_dir, result.world_size, steps, *options)
     batch = mbs * m
     ref = train_single_process(model, steps=steps, batch_size=batch, optimizer="momentum", lr=0.05)
     check_same(got, ref.losses, ref.parameters)

@@ -46,7 +46,7 @@ def export_command(
     (split points, stage modules, ranks, microbatches) and train_pipeline.py (builds the
     stages and the schedule and trains; run it with torchrun).
 
-    --to torchtitan: torchtitan.toml (the [parallelism] fields to paste into a job config)
+    --to torchtitan: torchtitan.toml (the parallelism fields to paste into a job config)
     and the schedule CSV it names.
 
     Plans torch cannot run exactly (2bw, recompute, tied weights across stages, unequal

@@ -125,6 +125,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--model", default=None, help="model file (default: pipeline.json's)")
     ap.add_argument("--split", choices=("pipeplan", "torch"), default="pipeplan")
+    ap.add_argument(
+        "--csv",
+        choices=("comms", "compute"),
+        default="comms",
+        help="comms: the plan's compute and communication order (schedule.csv); compute: "
+        "F/B/I/W only, torch adds the communication (schedule_compute.csv, as torchtitan)",
+    )
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--optimizer", default=None, help="adam, adamw, sgd, momentum")
     ap.add_argument("--save-params", default=None, help="write PATH.rankN.pt at the end")
@@ -159,7 +166,10 @@ def main() -> None:
         return user_loss(outputs, targets) / m
 
     schedule = _PipelineScheduleRuntime(stages, m_local, loss_fn=loss_fn, scale_grads=False)
-    schedule._load_csv(str(HERE / cfg["schedule_csv"][replica]), format="compute_comms")
+    if args.csv == "comms":
+        schedule._load_csv(str(HERE / cfg["schedule_csv"][replica]), format="compute_comms")
+    else:
+        schedule._load_csv(str(HERE / cfg["schedule_compute_csv"][replica]))
     params = [p for mod in modules for p in mod.parameters() if p.requires_grad]
     optimizer = make_optimizer(args.optimizer or cfg["optimizer"], params, args.lr or cfg["lr"])
     first, last = 0 in local, len(cfg["stages"]) - 1 in local
