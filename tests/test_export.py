@@ -364,3 +364,31 @@ def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) ->
     got = run_exported(result.out_dir, result.world_size, 2)
     ref = train_single_process(model, steps=2, batch_size=32, optimizer="momentum", lr=0.05)
     check_same(got, ref.losses, ref.parameters)
+
+
+def renamed_profile(tmp: Path, names: dict[int, str]) -> Path:
+    """A copy of the gpt profile with some layers renamed."""
+    prof = json.loads((ROOT / "profiles" / "gpt.json").read_text())
+    for i, name in names.items():
+        prof["layers"][i]["name"] = name
+    path = tmp / "gpt-renamed.json"
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_torchtitan_refuses_what_its_splitter_cannot_keep(tmp_path: Path) -> None:
+    shared = renamed_profile(tmp_path, {0: "embed.tok", 1: "embed.pos"})
+    plan = make_plan(tmp_path, "gpt", "0:cpu0;1-5:cpu1", "1f1b", 4, 1, profile=shared)
+    with pytest.raises(InputError, match="module 'embed' would belong to stages 0 and 1"):
+        export_plan(plan, "torchtitan", tmp_path / "t1")
+    export_plan(plan, "torch", tmp_path / "t2")  # torch's split points need no module lists
+    cfg = json.loads((tmp_path / "t2" / "pipeline.json").read_text())
+    assert cfg["split_points"] == ["embed.pos"]
+    abbreviated = renamed_profile(tmp_path, {3: "blocks.2+...+blocks.9"})
+    plan = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, profile=abbreviated)
+    with pytest.raises(InputError, match="abbreviate their modules"):
+        export_plan(plan, "torchtitan", tmp_path / "t3")
+    cfg = json.loads(
+        (export_plan(plan, "torch", tmp_path / "t4").out_dir / "pipeline.json").read_text()
+    )
+    assert cfg["split_points"] == ["blocks.2"] and cfg["stages"][1]["modules"] is None
