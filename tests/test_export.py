@@ -213,7 +213,7 @@ def test_export_torchtitan_toml(tmp_path: Path) -> None:
     ("stages", "schedule", "recompute", "match"),
     [
         ("0-2:cpu0;3-5:cpu1", "2bw", (), "2bw"),
-        ("0-2:cpu0;3-5:cpu1", "1f1b", (0,), "recompute"),
+        ("0-2:cpu0;3-5:cpu1", "zb", (0,), "recompute"),
         ("0-2:cpu0,cpu2;3-5:cpu1", "1f1b", (), "heterogeneous replica counts"),
         ("0-1:cpu0;2:cpu1;3-5:cpu2", "1f1b", (), "calls no module"),
     ],
@@ -256,6 +256,9 @@ def test_tied_bf16_pipedream_and_bad_input_refused(tmp_path: Path) -> None:
     vgg = make_plan(tmp_path, "pipedream-vgg16", "0-20:g0;21-40:g1", "1f1b", 4, 1)
     with pytest.raises(InputError, match="imported from PipeDream"):
         export_plan(vgg, "torch", tmp_path / "vgg")
+    recomputed = make_plan(tmp_path, "mlp", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2, recompute=(1,))
+    with pytest.raises(InputError, match="activation checkpointing is one setting"):
+        export_plan(recomputed, "torchtitan", tmp_path / "r")
     ok = make_plan(tmp_path, "mlp", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2)
     with pytest.raises(InputError, match="unknown target"):
         export_plan(ok, "deepspeed", tmp_path / "d")
@@ -321,7 +324,7 @@ def check_same(
     [
         # compute-only rows, torch adding the communication: what torchtitan loads
         ("mlp", "0-2:cpu0;3-5:cpu1", "gpipe", 4, 8, ("--csv", "compute")),
-        ("gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, ()),
+        ("gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, ()),  # stage 0 recomputed
         ("mlp", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1", "interleaved", 4, 8, ()),
         ("mlp", "0-3:cpu0;4-5:cpu1", "zb", 3, 8, ("--split", "torch")),  # torch's pipeline()
     ],
@@ -337,9 +340,12 @@ def test_exported_schedule_trains_like_pipeplan_run(
 ) -> None:
     """Profiled microbatch sizes (run compares with the profile's prediction)."""
     steps = 2
-    plan = make_plan(tmp_path, example, stages, schedule, m, mbs)
+    recompute = (0,) if example == "gpt" else ()
+    plan = make_plan(tmp_path, example, stages, schedule, m, mbs, recompute=recompute)
     model = ROOT / "examples" / f"{example}.py"
     result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    cfg = json.loads((result.out_dir / "pipeline.json").read_text())
+    assert [s["recompute"] for s in cfg["stages"]] == [0 in recompute, False]
     got = run_exported(result.out_dir, result.world_size, steps, *options)
     batch = mbs * m
     ref = train_single_process(model, steps=steps, batch_size=batch, optimizer="momentum", lr=0.05)

@@ -7,7 +7,9 @@ runtime would not train exactly as ``pipeplan run`` does:
 * ``2bw`` (two weight versions, no flush between iterations): torch flushes every step;
 * replicated stages with different replica counts (torch has one data-parallel degree);
   equal counts export as a data-parallel dimension (``dp_degree``);
-* recomputed stages (torch's runtime runs no recompute);
+* recomputed stages under zero-bubble's split backward (``I`` then ``W``); under a whole
+  backward (gpipe, 1f1b, interleaved) a recomputed stage exports as its module under
+  non-reentrant activation checkpointing, as ``pipeplan run`` recomputes it;
 * parameters tied across stages (torch keeps one copy per stage and never syncs them);
 * a precision other than fp32 (pipeplan runs each stage's forward under autocast);
 * a profile imported from PipeDream (its layers are graph nodes, not modules);
@@ -31,7 +33,7 @@ from planner.export.split import StageSplit, stage_splits
 from planner.fileio import sha256_file
 from planner.plan import Plan
 from planner.profile.schema import Profile, load_profile
-from planner.schedule import Schedule, validate_schedule
+from planner.schedule import ActionType, Schedule, validate_schedule
 
 __all__ = ["ExportSource", "find_profile", "load_export_source"]
 
@@ -123,11 +125,13 @@ def _refuse_schedule(plan: Plan, schedule: Schedule, where: str) -> None:
             file=where,
             field="schedule.iterations",
         )
+    split_backward = any(a.kind is ActionType.I for acts in schedule.devices.values() for a in acts)
     for stage in plan.stages:
-        if stage.recompute:
+        if stage.recompute and split_backward:
             raise InputError(
-                f"stage {stage.id} recomputes its activations (recompute: true), which "
-                "torch.distributed.pipelining's runtime does not do; solve without recompute",
+                f"stage {stage.id} recomputes its activations (recompute: true) under a split "
+                "backward (I then W), which torch.distributed.pipelining does not pair with "
+                "activation checkpointing; solve without recompute or with 1f1b",
                 file=where,
                 field=f"stages[{stage.id}].recompute",
             )

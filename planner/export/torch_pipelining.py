@@ -95,6 +95,7 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
                 "layer_names": s.layer_names,
                 "starts_at": s.starts_at,
                 "modules": s.modules,
+                "recompute": plan.stages[s.stage].recompute,
             }
             for s in source.splits
         ],

@@ -92,6 +92,15 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
             file=source.plan_path,
             field="schedule.devices",
         )
+    for stage in plan.stages:
+        if stage.recompute:
+            raise InputError(
+                f"stage {stage.id} recomputes its activations; torchtitan's activation "
+                "checkpointing is one setting for every block, not per stage; solve without "
+                "recompute (or set [activation_checkpoint] yourself)",
+                file=source.plan_path,
+                field=f"stages[{stage.id}].recompute",
+            )
     modules = titan_modules(source)
     style = "Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B"
     local_batch = plan.microbatch_size * layout.microbatches_per_replica

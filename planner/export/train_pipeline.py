@@ -70,6 +70,25 @@ def as_inputs(value: Any) -> Any:
     return tuple(value) if isinstance(value, tuple | list) else (value,)
 
 
+class Recompute(nn.Module):
+    """A stage the plan recomputes: its forward under non-reentrant activation
+    checkpointing, so only its inputs stay alive until its backward recomputes the rest."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def recomputed(module: nn.Module, recompute: bool) -> nn.Module:
+    """``module``, under activation checkpointing where the plan recomputes the stage."""
+    return Recompute(module) if recompute else module
+
+
 def take(value: Any, rows: list[int], mbs: int) -> Any:
     """The microbatches ``rows`` (each ``mbs`` samples) of a batch, concatenated."""
     if isinstance(value, torch.Tensor):
@@ -100,6 +119,8 @@ def build_stages(
         )
         assert pipe.num_stages == num_stages, f"torch split into {pipe.num_stages} stages"
         built = [pipe.build_stage(s, device, group) for s in local]
+        for stage, s in zip(built, local, strict=True):
+            stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
         return built, [pipe.get_stage_module(s) for s in local], None
     from planner.export.stages import PipeplanStages
 
@@ -108,7 +129,7 @@ def build_stages(
     )
     stages = [
         PipelineStage(
-            cut.modules[s].to(device),
+            recomputed(cut.modules[s].to(device), cfg["stages"][s]["recompute"]),
             s,
             num_stages,
             device,
