@@ -53,6 +53,16 @@ def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
     return nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
 
 
+def wants_whole_output(fn: Any) -> bool:
+    """pipeplan's rule: a ``loss_fn`` whose first parameter is annotated ``...Output`` gets
+    a Hugging Face ``ModelOutput`` whole; any other gets its ``.logits``."""
+    import inspect
+
+    params = list(inspect.signature(fn).parameters.values())
+    hint = params[0].annotation if params else None
+    return str(getattr(hint, "__name__", hint)).endswith("Output")
+
+
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float | None) -> Any:
     """The profile's optimizer with pipeplan's default rates (adam 1e-3, sgd 0.01)."""
     rate = lr if lr is not None else (1e-3 if name in ("adam", "adamw") else 0.01)
@@ -181,8 +191,11 @@ def main() -> None:
     local = [s for s, r in enumerate(cfg["stage_to_rank"]) if r == pp_rank]
     stages, modules, cut = build_stages(args, cfg, model, sample, local, device, pp_groups[replica])
     user_loss = getattr(user, "loss_fn", None) or default_loss
+    whole = wants_whole_output(user_loss)
 
     def loss_fn(outputs: Any, targets: Any) -> torch.Tensor:
+        if hasattr(outputs, "logits") and not whole:
+            outputs = outputs.logits
         # Mean over all microbatches of all replicas: scale here, not in torch (scale_grads).
         return user_loss(outputs, targets) / m
 
@@ -218,7 +231,7 @@ def main() -> None:
             if dp > 1:
                 dist.all_reduce(loss, group=dp_groups[pp_rank])
             if replica == 0:
-                print(f"step {step}: loss {loss.item():.6f}", flush=True)
+                print(f"step {step}: loss {loss.item():.9g}", flush=True)
     if args.save_params and replica == 0:
         names = {id(p): n for n, p in model.named_parameters()}
         if cut is None:  # torch's split keeps the model's parameter names
