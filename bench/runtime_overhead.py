@@ -1,12 +1,16 @@
 """Runtime overhead: pipeplan's executor against torch.distributed.pipelining, same work.
 
-Both sides train the same model on the same partition with the same schedule, microbatches,
+All sides train the same model on the same partition with the same schedule, microbatches,
 optimizer (SGD) and data, on 2 CPU processes with one thread each over gloo:
 
 * pipeplan: ``run_plan`` on a plan whose per-device action lists come from
   ``build_schedule`` (what ``pipeplan solve`` writes);
 * torch: ``ScheduleGPipe`` / ``Schedule1F1B`` on a manual ``PipelineStage`` per process,
-  the stage module being the same ``SplitModel.stage(first, last)``.
+  the stage module being the same ``SplitModel.stage(first, last)`` (no zb row: torch's
+  zero-bubble classes are multi-stage-per-rank schedules, not this shape);
+* exported: the same plan through ``pipeplan export --to torch``: its ``schedule.csv`` run by
+  torch's ``_PipelineScheduleRuntime`` (``format="compute_comms"``) on the same stages, i.e.
+  the plan's exact action order under torch's runtime.
 
 Both sides' workers keep freed memory alike (``planner.allocator.keep_freed_memory``, which
 every pipeplan worker calls), so the comparison is of the executors, not of malloc.
@@ -19,7 +23,7 @@ Run::
 
     .venv/bin/python bench/runtime_overhead.py    # table + bench/results/runtime_overhead.json
     .venv/bin/python bench/runtime_overhead.py --rounds 1 --steps 4
-    .venv/bin/python bench/runtime_overhead.py --quick   # 1F1B, 1 round of 3 steps
+    .venv/bin/python bench/runtime_overhead.py --quick   # 1F1B, 1 round of 3 steps (all sides)
 """
 
 from __future__ import annotations
@@ -45,13 +49,17 @@ MICROBATCHES = 8
 LR = 0.01
 
 
+PROFILE = ROOT / "profiles" / "mlp.json"  # the export names stages by its layer names
+
+
 def _plan(schedule: str):  # type: ignore[no-untyped-def]
+    from planner.fileio import sha256_file
     from planner.plan import Plan, parse_stages
     from planner.schedule import build_schedule
 
     stages = parse_stages(STAGES)
     return Plan(
-        profile={"path": "<memory>", "sha256": ""},
+        profile={"path": str(PROFILE), "sha256": sha256_file(PROFILE)},
         topology={"path": "<none>", "sha256": ""},
         microbatch_size=MICROBATCH,
         num_microbatches=MICROBATCHES,
@@ -78,6 +86,21 @@ def run_pipeplan(schedule: str, steps: int, warmup: int) -> dict[str, float]:
 
 
 def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
+    return _run_workers("torch", schedule, steps, warmup)
+
+
+def run_exported(schedule: str, steps: int, warmup: int) -> dict[str, float]:
+    """The plan exported (``pipeplan export --to torch``) and run by torch's runtime."""
+    from planner.export import export_plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_path = Path(tmp, "plan.json")
+        _plan(schedule).save(plan_path)
+        result = export_plan(plan_path, "torch", Path(tmp, "export"))
+        return _run_workers(f"exported:{result.out_dir}", schedule, steps, warmup)
+
+
+def _run_workers(side: str, schedule: str, steps: int, warmup: int) -> dict[str, float]:
     from planner.runtime.launch import free_port, worker_env
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,6 +113,7 @@ def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
                     "--torch-worker",
                     str(rank),
                     str(port),
+                    side,
                     schedule,
                     str(steps),
                     str(warmup),
@@ -113,7 +137,9 @@ def run_torch(schedule: str, steps: int, warmup: int) -> dict[str, float]:
     return {"iteration_ms": ms, "samples_per_s": MICROBATCH * MICROBATCHES / ms * 1e3}
 
 
-def torch_worker(rank: int, port: int, schedule: str, steps: int, warmup: int, out: str) -> None:
+def torch_worker(
+    rank: int, port: int, side: str, schedule: str, steps: int, warmup: int, out: str
+) -> None:
     import datetime
 
     import torch
@@ -144,8 +170,17 @@ def torch_worker(rank: int, port: int, schedule: str, steps: int, warmup: int, o
     with torch.no_grad():
         example = sample if rank == 0 else tuple(split.stage(0, spec.first - 1)(*sample))
     stage = PipelineStage(module, rank, 2, torch.device("cpu"), input_args=example)
-    cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    pipe = cls(stage, n_microbatches=MICROBATCHES, loss_fn=user.loss)
+    if side.startswith("exported:"):
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+        def loss(outputs, targets):  # type: ignore[no-untyped-def]
+            return user.loss(outputs, targets) / MICROBATCHES  # as train_pipeline.py does
+
+        pipe = _PipelineScheduleRuntime([stage], MICROBATCHES, loss_fn=loss, scale_grads=False)
+        pipe._load_csv(str(Path(side[9:], "schedule.csv")), format="compute_comms")
+    else:
+        cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+        pipe = cls(stage, n_microbatches=MICROBATCHES, loss_fn=user.loss)
     opt = torch.optim.SGD(module.parameters(), lr=LR)
     times = []
     for step in range(warmup + steps):
@@ -166,10 +201,38 @@ def torch_worker(rank: int, port: int, schedule: str, steps: int, warmup: int, o
     dist.destroy_process_group()
 
 
+def _row(schedule: str, rounds: int, steps: int, warmup: int) -> dict[str, object]:
+    """One schedule: every side once per round, in an order that rotates each round (a slow
+    spell of the machine, seconds to minutes here, then hits the sides alike)."""
+    sides = {"pipeplan": run_pipeplan, "exported": run_exported}
+    if schedule in ("gpipe", "1f1b"):  # torch has single-stage classes of these two only
+        sides["torch"] = run_torch
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(sides[name](schedule, steps, warmup)["iteration_ms"])
+    ours = times["pipeplan"]
+    row: dict[str, object] = {"schedule": schedule}
+    for name in ("pipeplan", "torch", "exported"):
+        got = times.get(name)
+        row[f"{name}_ms"] = round(statistics.median(got), 3) if got else None
+    for name in ("pipeplan", "torch", "exported"):
+        got = times.get(name)
+        row[f"{name}_rounds_ms"] = [round(x, 3) for x in got] if got else None
+    theirs = times.get("torch")
+    per_round = [b / a for a, b in zip(ours, theirs, strict=True)] if theirs else None
+    row["round_ratios"] = [round(x, 3) for x in per_round] if per_round else None
+    row["throughput_ratio"] = round(statistics.median(per_round), 3) if per_round else None
+    exported = [b / a for a, b in zip(ours, times["exported"], strict=True)]
+    row["exported_ratio"] = round(statistics.median(exported), 3)
+    return row
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
-        r, port, sched, steps, warmup, out = sys.argv[2:8]
-        torch_worker(int(r), int(port), sched, int(steps), int(warmup), out)
+        r, port, side, sched, steps, warmup, out = sys.argv[2:9]
+        torch_worker(int(r), int(port), side, sched, int(steps), int(warmup), out)
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -182,39 +245,19 @@ def main() -> None:
         "--quick", action="store_true", help="1F1B only, 1 round of 3 steps after 1 warm-up"
     )
     args = ap.parse_args()
-    schedules: tuple[str, ...] = ("gpipe", "1f1b")
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "zb")
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 3, 1
         schedules = ("1f1b",)
-    rows = []
-    for schedule in schedules:
-        ours, theirs = [], []
-        for r in range(args.rounds):
-            # Back to back, first one side and then the other in turn: a slow spell of the
-            # machine (seconds to minutes here) then hits both runs of a round alike.
-            sides = [run_pipeplan, run_torch] if r % 2 == 0 else [run_torch, run_pipeplan]
-            got = {side: side(schedule, args.steps, args.warmup)["iteration_ms"] for side in sides}
-            ours.append(got[run_pipeplan])
-            theirs.append(got[run_torch])
-        p, t = statistics.median(ours), statistics.median(theirs)
-        per_round = [b / a for a, b in zip(ours, theirs, strict=True)]
-        rows.append(
-            {
-                "schedule": schedule,
-                "pipeplan_ms": round(p, 3),
-                "torch_ms": round(t, 3),
-                "pipeplan_rounds_ms": [round(x, 3) for x in ours],
-                "torch_rounds_ms": [round(x, 3) for x in theirs],
-                "round_ratios": [round(x, 3) for x in per_round],
-                "throughput_ratio": round(statistics.median(per_round), 3),
-            }
-        )
+    rows = [_row(schedule, args.rounds, args.steps, args.warmup) for schedule in schedules]
     print(f"model {MODEL.name}, stages {STAGES}, {MICROBATCHES} x {MICROBATCH}, 2 procs x 1 thread")
-    print(f"{'schedule':<9} {'pipeplan ms':>12} {'torch ms':>10} {'ratio':>7}")
+    print(f"{'schedule':<9} {'pipeplan ms':>12} {'torch ms':>10} {'exported ms':>12} {'ratio':>7}")
     for row in rows:
+        torch_ms = "-" if row["torch_ms"] is None else f"{row['torch_ms']:.2f}"
+        ratio = "-" if row["throughput_ratio"] is None else f"{row['throughput_ratio']:.3f}"
         print(
-            f"{row['schedule']:<9} {row['pipeplan_ms']:>12.2f} {row['torch_ms']:>10.2f} "
-            f"{row['throughput_ratio']:>7.3f}"
+            f"{row['schedule']:<9} {row['pipeplan_ms']:>12.2f} {torch_ms:>10} "
+            f"{row['exported_ms']:>12.2f} {ratio:>7}"
         )
     result = {
         "benchmark": "runtime_overhead",

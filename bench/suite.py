@@ -143,8 +143,8 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "runtime_overhead",
         "runtime_overhead.py",
-        "Runtime overhead against torch.distributed.pipelining",
-        quick_timeout_s=90,
+        "Runtime overhead against torch.distributed.pipelining (and the exported plan)",
+        quick_timeout_s=150,
     ),
     Benchmark(
         "prediction",

@@ -7,8 +7,28 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from planner.commands import demo, import_, profile, run, show, simulate, solve, topology
+from planner.commands import (
+    demo,
+    export,
+    import_,
+    profile,
+    run,
+    show,
+    simulate,
+    solve,
+    topology,
+)
 
 __all__ = ["COMMAND_MODULES"]
 
-COMMAND_MODULES: list[ModuleType] = [import_, profile, demo, solve, topology, simulate, show, run]
+COMMAND_MODULES: list[ModuleType] = [
+    import_,
+    profile,
+    demo,
+    solve,
+    topology,
+    simulate,
+    show,
+    run,
+    export,
+]

@@ -1,0 +1,132 @@
+"""Export a plan to the trainers people already use: torch.distributed.pipelining, torchtitan.
+
+``export_plan`` checks the plan (refusing, with one line, what those runtimes cannot train
+exactly; see :mod:`planner.export.source`) and writes a folder:
+
+* ``--to torch``: ``schedule.csv`` (per-rank ``_Action`` rows for
+  ``_PipelineScheduleRuntime``), ``schedule_compute.csv``, ``pipeline.json`` (split points,
+  stage modules and layers, ranks, microbatches) and ``train_pipeline.py`` (builds the
+  stages and the schedule and trains); :mod:`planner.export.torch_pipelining`;
+* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads)
+  and the ``schedule_compute.csv`` it names; :mod:`planner.export.torchtitan`.
+
+The package depends only on the plan, profile, schedule and (for ``--model``) the profiler's
+splitter; nothing imports it but the ``export`` command.
+
+Example::
+
+    result = export_plan("plan.json", "torch", "plan-torch", model="examples/gpt.py")
+    result.files      # [Path('plan-torch/schedule.csv'), ...]
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.export.source import ExportSource, load_export_source
+
+__all__ = ["TARGETS", "ExportResult", "check_model", "export_plan"]
+
+TARGETS = ("torch", "torchtitan")
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote, and how to run it."""
+
+    target: str
+    out_dir: Path
+    files: list[Path]
+    pp_degree: int
+    dp_degree: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp_degree * self.dp_degree
+
+
+def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
+    """Refuse a model file that is not the one profiled, or that splits into other layers;
+    returns its absolute path.
+
+    Example::
+
+        check_model(load_export_source("plan.json"), "examples/gpt.py")
+    """
+    import torch
+
+    from planner.profile.loader import load_model_file
+    from planner.profile.split import capture_model
+
+    user = load_model_file(model)
+    profile = source.profile
+    if profile.source_sha256 and profile.source_sha256 != user.source_sha256:
+        raise InputError(
+            f"this model.py is not the one profiled for the plan (sha256 "
+            f"{user.source_sha256[:12]} against the profile's {profile.source_sha256[:12]})",
+            file=str(model),
+            field="--model",
+        )
+    torch.manual_seed(0)
+    net = user.build()
+    inputs, _ = user.batch(source.plan.microbatch_size)
+    capture = profile.meta.get("capture") or "fx"
+    split = capture_model(net, inputs, profile.meta.get("split_at"), capture=capture)
+    names = [layer.name for layer in profile.layers]
+    if list(split.names) != names:
+        raise InputError(
+            f"the model splits into layers {split.names[:4]}... but the profile has "
+            f"{names[:4]}...; profile again",
+            file=str(model),
+            field="layers",
+        )
+    return str(Path(model).resolve())
+
+
+def export_plan(
+    plan: str | os.PathLike[str],
+    to: str,
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    model: str | os.PathLike[str] | None = None,
+) -> ExportResult:
+    """Check ``plan`` and write the export for ``to`` (``torch`` or ``torchtitan``).
+
+    ``out_dir`` defaults to ``PLANSTEM-TO`` in the current folder and is created (its parent
+    must exist). ``model`` is checked against the profile and recorded for the script.
+
+    Example::
+
+        export_plan("plan.json", "torchtitan")      # writes plan-torchtitan/torchtitan.toml
+    """
+    if to not in TARGETS:
+        raise InputError(
+            f"unknown target {to!r}; expected one of {', '.join(TARGETS)}", field="--to"
+        )
+    source = load_export_source(plan)
+    model_path = check_model(source, model) if model is not None else None
+    target = Path(out_dir) if out_dir is not None else Path(f"{Path(plan).stem}-{to}")
+    if target.exists() and not target.is_dir():
+        raise InputError("exists and is not a folder", file=str(target), field="-o")
+    if not target.parent.is_dir():
+        raise InputError(
+            f"the folder {str(target.parent)!r} does not exist", file=str(target), field="-o"
+        )
+    target.mkdir(exist_ok=True)
+    notes: list[str] = []
+    if to == "torch":
+        from planner.export.torch_pipelining import export_torch
+
+        files = export_torch(source, target, model=model_path)
+        if model_path is None:
+            notes.append("no --model given: pass --model to train_pipeline.py")
+    else:
+        from planner.export.torchtitan import export_torchtitan
+
+        files = export_torchtitan(source, target)
+    layout = source.layout
+    return ExportResult(to, target, files, layout.pp_degree, layout.dp_degree, notes)

@@ -1,0 +1,164 @@
+"""Reading a plan for export, and refusing what torch.distributed.pipelining cannot run.
+
+:func:`load_export_source` reads the plan and its profile (for the layer names), checks
+the schedule, and raises one InputError line naming the feature for every plan that torch's
+runtime would not train exactly as ``pipeplan run`` does:
+
+* ``2bw`` (two weight versions, no flush between iterations): torch flushes every step;
+* replicated stages with different replica counts (torch has one data-parallel degree);
+  equal counts export as a data-parallel dimension (``dp_degree``);
+* recomputed stages under zero-bubble's split backward (``I`` then ``W``); under a whole
+  backward (gpipe, 1f1b, interleaved) a recomputed stage exports as its module under
+  non-reentrant activation checkpointing, as ``pipeplan run`` recomputes it;
+* parameters tied across stages (torch keeps one copy per stage and never syncs them);
+* a precision other than fp32 (pipeplan runs each stage's forward under autocast);
+* a profile imported from PipeDream (its layers are graph nodes, not modules);
+* a stage that starts at a layer calling no module (no name to split before).
+
+Example::
+
+    source = load_export_source("plan.json")
+    source.layout.rows[0]          # CSV rows of data-parallel replica 0
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.export.actions import TorchLayout, torch_layout
+from planner.export.split import StageSplit, stage_splits
+from planner.fileio import sha256_file
+from planner.plan import Plan
+from planner.profile.schema import Profile, load_profile
+from planner.schedule import ActionType, Schedule, validate_schedule
+
+__all__ = ["ExportSource", "find_profile", "load_export_source"]
+
+
+@dataclass
+class ExportSource:
+    """A plan checked for export, with its profile, schedule, ranks and stage names."""
+
+    plan: Plan
+    plan_path: str
+    profile: Profile
+    profile_path: str
+    schedule: Schedule
+    layout: TorchLayout
+    splits: list[StageSplit]
+
+
+def find_profile(plan: Plan, plan_path: str | os.PathLike[str]) -> Path | None:
+    """The plan's profile file: its path as written, or relative to the plan's folder.
+
+    Example::
+
+        find_profile(Plan.load("plans/p.json"), "plans/p.json")   # profiles/gpt.json
+    """
+    raw = plan.profile.get("path")
+    if not raw or raw == "<memory>":
+        return None
+    candidates = [Path(raw)]
+    if not Path(raw).is_absolute():
+        candidates.append(Path(plan_path).resolve().parent / raw)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
+    """Load ``plan_path`` and check that torch can run it exactly (module docstring).
+
+    Example::
+
+        source = load_export_source("plan.json")
+    """
+    where = str(plan_path)
+    plan = Plan.load(plan_path)
+    schedule = Schedule.from_dict(plan.schedule, source=where)
+    validate_schedule(schedule, plan.stages, source=where)
+    _refuse_schedule(plan, schedule, where)
+    found = find_profile(plan, plan_path)
+    if found is None:
+        raise InputError(
+            f"the plan's profile {plan.profile.get('path')!r} was not found (next to the "
+            "plan or from here); export needs its layer names",
+            file=where,
+            field="profile.path",
+        )
+    want = plan.profile.get("sha256")
+    if want and sha256_file(found) != want:
+        raise InputError(
+            f"the profile {found} changed since this plan was made (sha256 differs); solve "
+            "again with the current profile",
+            file=where,
+            field="profile.sha256",
+        )
+    profile = load_profile(found)
+    _refuse_profile(plan, profile, str(found), where)
+    layout = torch_layout(plan.stages, schedule, source=where)
+    splits = stage_splits(plan.stages, [layer.name for layer in profile.layers], source=where)
+    for split in splits[1:]:
+        if split.starts_at is None:
+            raise InputError(
+                f"stage {split.stage} starts at layer {split.layer_names[0]!r}, which calls no "
+                "module, so there is no module name to split before; move the cut",
+                file=where,
+                field=f"stages[{split.stage}].layers",
+            )
+    return ExportSource(plan, where, profile, str(found), schedule, layout, splits)
+
+
+def _refuse_schedule(plan: Plan, schedule: Schedule, where: str) -> None:
+    if schedule.name == "2bw" or not schedule.flush:
+        raise InputError(
+            "schedule 2bw (PipeDream-2BW: two weight versions, no flush between iterations) "
+            "cannot be expressed in torch.distributed.pipelining, which flushes every step; "
+            "solve with --schedule gpipe, 1f1b, interleaved or zb",
+            file=where,
+            field="schedule.name",
+        )
+    if schedule.iterations != 1:
+        raise InputError(
+            f"the schedule lists {schedule.iterations} iterations; torch runs one per step",
+            file=where,
+            field="schedule.iterations",
+        )
+    split_backward = any(a.kind is ActionType.I for acts in schedule.devices.values() for a in acts)
+    for stage in plan.stages:
+        if stage.recompute and split_backward:
+            raise InputError(
+                f"stage {stage.id} recomputes its activations (recompute: true) under a split "
+                "backward (I then W), which torch.distributed.pipelining does not pair with "
+                "activation checkpointing; solve without recompute or with 1f1b",
+                file=where,
+                field=f"stages[{stage.id}].recompute",
+            )
+
+
+def _refuse_profile(plan: Plan, profile: Profile, profile_path: str, where: str) -> None:
+    if "pipedream" in profile.meta:
+        raise InputError(
+            "the plan's profile was imported from PipeDream: its layers are graph nodes, "
+            "not modules of a model.py that torch could split",
+            file=profile_path,
+            field="meta.pipedream",
+        )
+    if profile.precision != "fp32":
+        raise InputError(
+            f"precision {profile.precision} (autocast per stage, as pipeplan run trains) is "
+            "not carried by the export; export a plan profiled at fp32",
+            file=profile_path,
+            field="precision",
+        )
+    for tie in profile.tied_parameters:
+        holders = [s.id for s in plan.stages if tie.held_by(s.first, s.last)]
+        if len(holders) > 1:
+            raise InputError(
+                f"parameter {tie.name!r} is tied across stages {holders}: "
+                "torch.distributed.pipelining keeps a separate copy per stage and never "
+                "syncs them; solve with the tied layers in one stage",
+                file=where,
+                field="stages",
+            )

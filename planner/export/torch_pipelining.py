@@ -1,0 +1,126 @@
+"""``pipeplan export --to torch``: the files torch.distributed.pipelining needs for a plan.
+
+Written into one folder:
+
+* ``schedule.csv``: one row per pipeline rank, pipeplan's exact order of compute and
+  communication as ``_Action`` cells, for ``_PipelineScheduleRuntime._load_csv(path,
+  format="compute_comms")`` (``schedule-dp{j}.csv`` per data-parallel replica ``j`` when
+  the plan replicates its stages);
+* ``schedule_compute.csv``: the same rows with F/B/I/W only, for ``_load_csv(path)``
+  (torch adds the sends and receives itself; what torchtitan loads);
+* ``pipeline.json``: the split (the module where each stage starts, for
+  ``pipeline(split_spec=...)``; the modules and layers of each stage), stage to rank,
+  microbatch size and count, optimizer, and the model file;
+* ``train_pipeline.py``: builds the stages and the schedule from these and trains
+  (``torchrun --nproc-per-node N train_pipeline.py``), a starting point for your loop.
+
+Microbatches and loss: the plan's microbatch size and count; the model file's ``loss_fn``
+(pipeplan's default otherwise), divided by the number of microbatches with
+``scale_grads=False``, so gradients are those of the whole batch's mean loss, as in
+``pipeplan run`` and single-process training.
+
+Example::
+
+    files = export_torch(load_export_source("plan.json"), Path("out"), model="model.py")
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from planner.export.source import ExportSource
+from planner.fileio import atomic_write_json, atomic_write_text
+
+__all__ = ["SCHEMA", "csv_text", "export_torch", "pipeline_config"]
+
+SCHEMA = "pipeplan.export.torch/v1"
+_TEMPLATE = Path(__file__).with_name("train_pipeline.py")
+
+
+def csv_text(rows: list[list[str]]) -> str:
+    """Rows of ``_Action`` cells as the CSV text torch's ``_load_csv`` reads.
+
+    Example::
+
+        csv_text([["0F0", "0SEND_F0"], ["1RECV_F0", "1F0"]])   # '0F0,0SEND_F0\\r\\n...'
+    """
+    out = io.StringIO()
+    writer = csv.writer(out)
+    for row in rows:
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def schedule_files(dp_degree: int, kind: str = "schedule") -> list[str]:
+    """The CSV file name of each data-parallel replica.
+
+    Example::
+
+        schedule_files(2)     # ['schedule-dp0.csv', 'schedule-dp1.csv']
+    """
+    if dp_degree == 1:
+        return [f"{kind}.csv"]
+    return [f"{kind}-dp{j}.csv" for j in range(dp_degree)]
+
+
+def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
+    """The ``pipeline.json`` object.
+
+    Example::
+
+        pipeline_config(source, "examples/gpt.py")["split_points"]   # ['blocks.2']
+    """
+    plan, layout, profile = source.plan, source.layout, source.profile
+    return {
+        "schema": SCHEMA,
+        "plan": source.plan_path,
+        "schedule": source.schedule.name,
+        "model": model,
+        "pp_degree": layout.pp_degree,
+        "dp_degree": layout.dp_degree,
+        "microbatch_size": plan.microbatch_size,
+        "num_microbatches": plan.num_microbatches,
+        "microbatches_local": layout.microbatches_per_replica,
+        "stage_to_rank": layout.stage_to_rank,
+        "split_points": [s.starts_at for s in source.splits[1:]],
+        "stage_layers": [list(s.layers) for s in source.splits],
+        "stages": [
+            {
+                "id": s.stage,
+                "rank": layout.stage_to_rank[s.stage],
+                "layers": list(s.layers),
+                "layer_names": s.layer_names,
+                "starts_at": s.starts_at,
+                "modules": s.modules,
+                "recompute": plan.stages[s.stage].recompute,
+            }
+            for s in source.splits
+        ],
+        "schedule_csv": schedule_files(layout.dp_degree),
+        "schedule_compute_csv": schedule_files(layout.dp_degree, "schedule_compute"),
+        "optimizer": profile.optimizer,
+        "lr": None,
+        "split_at": profile.meta.get("split_at"),
+        "capture": profile.meta.get("capture") or "fx",
+    }
+
+
+def export_torch(source: ExportSource, out_dir: Path, *, model: str | None = None) -> list[Path]:
+    """Write the folder described in the module docstring; returns the files written.
+
+    Example::
+
+        export_torch(source, Path("plan-torch"), model="/abs/examples/gpt.py")
+    """
+    layout = source.layout
+    written = []
+    for j, name in enumerate(schedule_files(layout.dp_degree)):
+        written.append(atomic_write_text(out_dir / name, csv_text(layout.rows[j])))
+    for j, name in enumerate(schedule_files(layout.dp_degree, "schedule_compute")):
+        written.append(atomic_write_text(out_dir / name, csv_text(layout.compute_rows[j])))
+    written.append(atomic_write_json(out_dir / "pipeline.json", pipeline_config(source, model)))
+    written.append(atomic_write_text(out_dir / "train_pipeline.py", _TEMPLATE.read_text()))
+    return written

@@ -1,0 +1,402 @@
+"""``pipeplan export``: plans as torch.distributed.pipelining and torchtitan configurations.
+
+The exported schedules are read back with torch's own parser and validator, and run with
+torch's ``_PipelineScheduleRuntime`` on two CPU processes (gloo) through the exported
+``train_pipeline.py``: losses and parameters equal ``pipeplan run`` of the same plan and
+single-process training. Refusals are one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.pipelining.schedules import (
+    _Action,
+    _add_send_recv,
+    _simulate_comms_compute,
+    _validate_schedule,
+)
+
+from planner.cli import main
+from planner.errors import InputError
+from planner.export import export_plan
+from planner.export.actions import torch_cell, torch_layout
+from planner.export.split import layer_modules, titan_module
+from planner.fileio import sha256_file
+from planner.plan import Plan, parse_stages
+from planner.runtime import run_plan
+from planner.runtime.launch import free_port, worker_env
+from planner.runtime.reference import train_single_process
+from planner.schedule import Action, build_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+HARD_TIMEOUT_S = 150
+
+
+@pytest.fixture(autouse=True)
+def hard_timeout() -> Iterator[None]:
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"test exceeded its hard timeout of {HARD_TIMEOUT_S} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(HARD_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def make_plan(
+    tmp: Path,
+    example: str,
+    stages: str,
+    schedule: str,
+    m: int,
+    mbs: int,
+    *,
+    recompute: tuple[int, ...] = (),
+    profile: Path | None = None,
+) -> Path:
+    """A plan over a bundled example's profile, saved under ``tmp``."""
+    prof = profile or ROOT / "profiles" / f"{example}.json"
+    specs = parse_stages(stages, recompute=list(recompute))
+    plan = Plan(
+        profile={"path": str(prof), "sha256": sha256_file(prof)},
+        topology={"path": None, "sha256": ""},
+        microbatch_size=mbs,
+        num_microbatches=m,
+        stages=specs,
+        schedule=build_schedule(schedule, specs, m).to_dict(),
+        predicted={},
+    )
+    path = tmp / f"{example}-{schedule}.json"
+    plan.save(path)
+    return path
+
+
+# --- the action mapping, checked with torch's own parser and validator ---------------------
+
+
+def parse_rows(rows: list[list[str]]) -> dict[int, list[_Action | None]]:
+    """CSV rows as torch's ``_load_csv`` reads them."""
+    return {r: [_Action.from_str(c) for c in row] for r, row in enumerate(rows)}
+
+
+def test_cells_are_torch_actions() -> None:
+    for text, cell in [
+        ("F0.3", "0F3"),
+        ("B1.3", "1B3"),
+        ("I1.3", "1I3"),
+        ("W1.3", "1W3"),
+        ("SEND_F0.3->gpu1", "0SEND_F3"),
+        ("RECV_F1.3<-gpu0", "1RECV_F3"),
+        ("SEND_B1.3->gpu0", "1SEND_B3"),
+        ("RECV_B0.3<-gpu1", "0RECV_B3"),
+    ]:
+        assert torch_cell(Action.parse(text)) == cell
+        parsed = _Action.from_str(cell)
+        assert (parsed.stage_index, parsed.microbatch_index, str(parsed)) == (
+            int(cell[0]),
+            int(cell[-1]),
+            cell,
+        )
+    assert torch_cell(Action.parse("STEP0")) is None
+    assert torch_cell(Action.parse("ALLREDUCE0")) is None
+    assert torch_cell(Action.parse("F0.5"), replicas=2) == "0F2"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stages", "m"),
+    [
+        ("gpipe", "0-1:a;2-3:b;4-5:c", 4),
+        ("1f1b", "0-1:a;2-3:b;4-5:c", 6),
+        ("interleaved", "0:a;1:b;2-3:a;4-5:b", 4),
+        ("zb", "0-2:a;3-5:b", 5),
+    ],
+)
+def test_layout_passes_torch_validation(schedule: str, stages: str, m: int) -> None:
+    specs = parse_stages(stages)
+    sched = build_schedule(schedule, specs, m)
+    layout = torch_layout(specs, sched)
+    assert layout.dp_degree == 1 and layout.microbatches_per_replica == m
+    compute = parse_rows(layout.compute_rows[0])
+    mapping = _validate_schedule(compute, layout.pp_degree, len(specs), m)
+    assert [mapping[s] for s in range(len(specs))] == layout.stage_to_rank
+    comms = parse_rows(layout.rows[0])
+    # torch's own lowering of the compute-only rows (torchtitan's path) finds an order
+    lowered = _add_send_recv(dict(compute), lambda s: mapping[s], len(specs))  # type: ignore[arg-type]
+    assert sum(len(v) for v in lowered.values()) == sum(len(v) for v in comms.values())
+    # torch's simulator of a compute+comms schedule: every action runs, none deadlocks
+    done = _simulate_comms_compute(comms, lambda s: layout.stage_to_rank[s], len(specs))
+    assert sum(len(v) for v in comms.values()) <= sum(len(v) for v in done.values())
+    # the order is the plan's: compute cells in the plan's device order
+    for dev, acts in sched.devices.items():
+        r = layout.stage_to_rank[next(a.stage for a in acts)]
+        want = [torch_cell(a) for a in acts if a.is_compute]
+        assert layout.compute_rows[0][r] == want, dev
+
+
+def test_uniform_replicas_are_a_data_parallel_dimension() -> None:
+    specs = parse_stages("0-2:a0,a1;3-5:b0,b1")
+    sched = build_schedule("1f1b", specs, 8)
+    layout = torch_layout(specs, sched)
+    assert (layout.pp_degree, layout.dp_degree, layout.microbatches_per_replica) == (2, 2, 4)
+    for j in range(2):
+        _validate_schedule(parse_rows(layout.compute_rows[j]), 2, 2, 4)
+    uneven = parse_stages("0-2:a0,a1;3-5:b0")
+    with pytest.raises(InputError, match="heterogeneous replica counts"):
+        torch_layout(uneven, build_schedule("1f1b", uneven, 4))
+
+
+def test_names_from_layer_names() -> None:
+    assert layer_modules("norm+output") == ["norm", "output"]
+    assert layer_modules("layer7") == []
+    assert layer_modules("a+...+z") is None
+    assert layer_modules("blocks.1#2") == ["blocks.1"]
+    assert titan_module("layers.3.attention") == "layers.3"
+    assert titan_module("embed.tok") == "embed"
+
+
+# --- files, CLI and refusals -----------------------------------------------------------------
+
+
+def test_export_torch_files(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(plan), "--to", "torch", "-o", str(out), "--model", "examples/gpt.py"])
+    assert exit_.value.code == 0
+    cfg = json.loads((out / "pipeline.json").read_text())
+    assert cfg["split_points"] == ["blocks.2"]
+    assert [s["modules"] for s in cfg["stages"]] == [
+        ["embed", "blocks.0", "blocks.1"],
+        ["blocks.2", "blocks.3", "head"],
+    ]
+    assert (cfg["pp_degree"], cfg["microbatch_size"], cfg["num_microbatches"]) == (2, 2, 4)
+    rows = (out / "schedule.csv").read_text().splitlines()
+    assert rows[0].split(",")[:4] == ["0F0", "0SEND_F0", "0F1", "0SEND_F1"]
+    assert rows[1].split(",")[:4] == ["1RECV_F0", "1F0", "1B0", "1SEND_B0"]
+    assert (out / "train_pipeline.py").is_file()
+
+
+def test_export_torchtitan_toml(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, "gpt", "0-1:cpu0;2-3:cpu1;4:cpu0;5:cpu1", "interleaved", 4, 2)
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    result = export_plan(plan, "torchtitan", tmp_path / "titan")
+    data = tomllib.loads((result.out_dir / "torchtitan.toml").read_text())
+    par = data["parallelism"]
+    assert par["pipeline_parallel_degree"] == 2
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert par["pipeline_parallel_microbatch_size"] == 2
+    assert par["module_fqns_per_model_part"] == [
+        ["embed", "blocks.0"],
+        ["blocks.1", "blocks.2"],
+        ["blocks.3"],
+        ["head"],
+    ]
+    assert data["training"]["local_batch_size"] == 8
+    rows = Path(par["pipeline_parallel_schedule_csv"]).read_text().splitlines()
+    assert all("SEND" not in r and "RECV" not in r for r in rows)  # torchtitan lowers comms
+    assert rows[0].startswith("0F0,0F1,")
+
+
+@pytest.mark.parametrize(
+    ("stages", "schedule", "recompute", "match"),
+    [
+        ("0-2:cpu0;3-5:cpu1", "2bw", (), "2bw"),
+        ("0-2:cpu0;3-5:cpu1", "zb", (0,), "recompute"),
+        ("0-2:cpu0,cpu2;3-5:cpu1", "1f1b", (), "heterogeneous replica counts"),
+        ("0-1:cpu0;2:cpu1;3-5:cpu2", "1f1b", (), "calls no module"),
+    ],
+)
+def test_refusals_are_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    stages: str,
+    schedule: str,
+    recompute: tuple[int, ...],
+    match: str,
+) -> None:
+    example = "cnn" if "calls no module" in match else "mlp"
+    plan = make_plan(tmp_path, example, stages, schedule, 4, 2, recompute=recompute)
+    if "calls no module" in match:  # a layer that calls no module: rename one in a profile copy
+        prof = json.loads((ROOT / "profiles" / "cnn.json").read_text())
+        prof["layers"][2]["name"] = "layer2"
+        path = tmp_path / "renamed.json"
+        path.write_text(json.dumps(prof))
+        plan = make_plan(tmp_path, example, stages, schedule, 4, 2, profile=path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(plan), "--to", "torch", "-o", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and match in err and len(err.strip().splitlines()) == 1
+
+
+def test_tied_bf16_pipedream_and_bad_input_refused(tmp_path: Path) -> None:
+    base = json.loads((ROOT / "profiles" / "mlp.json").read_text())
+    tie = {"name": "0.linear.weight", "layers": [0, 5], "param_count": 1, "param_bytes": 4}
+    tied = dict(base, tied_parameters=[tie])
+    for name, data, match in [
+        ("tied", tied, "tied across stages"),
+        ("bf16", dict(base, precision="bf16"), "precision bf16"),
+    ]:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        plan = make_plan(tmp_path, "mlp", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2, profile=path)
+        with pytest.raises(InputError, match=match):
+            export_plan(plan, "torch", tmp_path / name)
+    vgg = make_plan(tmp_path, "pipedream-vgg16", "0-20:g0;21-40:g1", "1f1b", 4, 1)
+    with pytest.raises(InputError, match="imported from PipeDream"):
+        export_plan(vgg, "torch", tmp_path / "vgg")
+    recomputed = make_plan(tmp_path, "mlp", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2, recompute=(1,))
+    with pytest.raises(InputError, match="activation checkpointing is one setting"):
+        export_plan(recomputed, "torchtitan", tmp_path / "r")
+    ok = make_plan(tmp_path, "mlp", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 2)
+    with pytest.raises(InputError, match="unknown target"):
+        export_plan(ok, "deepspeed", tmp_path / "d")
+    with pytest.raises(InputError, match="does not exist"):
+        export_plan(tmp_path / "nope.json", "torch")
+    with pytest.raises(InputError, match="not the one profiled"):
+        export_plan(ok, "torch", tmp_path / "m", model=ROOT / "examples" / "gpt.py")
+
+
+# --- the exported schedule trains exactly like pipeplan run and one process -----------------
+
+
+def run_exported(out: Path, world: int, steps: int, *extra: str) -> dict[str, torch.Tensor]:
+    """Start ``train_pipeline.py`` as torchrun would (RANK, WORLD_SIZE, MASTER_*)."""
+    port = free_port()
+    prefix = out / "params"
+    procs = []
+    for rank in range(world):
+        env = dict(
+            worker_env(),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [sys.executable, str(out / "train_pipeline.py"), "--steps", str(steps)]
+        cmd += ["--optimizer", "momentum", "--lr", "0.05", "--save-params", str(prefix), *extra]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err.decode()[-2000:]
+    losses = [
+        float(line.split()[-1])
+        for stdout, _ in outputs
+        for line in stdout.decode().splitlines()
+        if line.startswith("step ")
+    ]
+    params: dict[str, torch.Tensor] = {}
+    for f in sorted(glob.glob(f"{prefix}.rank*.pt")):
+        params.update(torch.load(f))
+    params["__losses__"] = torch.tensor(losses, dtype=torch.float64)
+    return params
+
+
+def check_same(
+    got: dict[str, torch.Tensor], losses: list[float], params: dict[str, torch.Tensor]
+) -> None:
+    assert got["__losses__"].tolist() == pytest.approx(losses, rel=1e-5, abs=1e-7)
+    assert set(got) - {"__losses__"} == set(params)
+    for name, value in params.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("example", "stages", "schedule", "m", "mbs", "options"),
+    [
+        # compute-only rows, torch adding the communication: what torchtitan loads
+        ("mlp", "0-2:cpu0;3-5:cpu1", "gpipe", 4, 8, ("--csv", "compute")),
+        ("gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, ()),  # stage 0 recomputed
+        ("mlp", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1", "interleaved", 4, 8, ()),
+        ("mlp", "0-3:cpu0;4-5:cpu1", "zb", 3, 8, ("--split", "torch")),  # torch's pipeline()
+    ],
+)
+def test_exported_schedule_trains_like_pipeplan_run(
+    tmp_path: Path,
+    example: str,
+    stages: str,
+    schedule: str,
+    m: int,
+    mbs: int,
+    options: tuple[str, ...],
+) -> None:
+    """Profiled microbatch sizes (run compares with the profile's prediction)."""
+    steps = 2
+    recompute = (0,) if example == "gpt" else ()
+    plan = make_plan(tmp_path, example, stages, schedule, m, mbs, recompute=recompute)
+    model = ROOT / "examples" / f"{example}.py"
+    result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    cfg = json.loads((result.out_dir / "pipeline.json").read_text())
+    assert [s["recompute"] for s in cfg["stages"]] == [
+        s.id in recompute for s in Plan.load(plan).stages
+    ]
+    got = run_exported(result.out_dir, result.world_size, steps, *options)
+    batch = mbs * m
+    ref = train_single_process(model, steps=steps, batch_size=batch, optimizer="momentum", lr=0.05)
+    check_same(got, ref.losses, ref.parameters)
+    report = run_plan(
+        plan, model, steps=steps, warmup=0, timeout_s=60, threads=1, optimizer="momentum",
+        lr=0.05, return_params=True,
+    )  # fmt: skip
+    assert report.parameters is not None
+    check_same(got, report.losses, report.parameters)
+    initial = train_single_process(model, steps=0, batch_size=mbs * m).parameters
+    assert all(not torch.equal(initial[n], got[n]) for n in initial)  # it trained
+
+
+def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) -> None:
+    """Every stage on two replicas: two pipelines of two ranks, gradients summed over the
+    data-parallel group (the plan's ALLREDUCE), the same as one process."""
+    plan = make_plan(tmp_path, "mlp", "0-2:cpu0,cpu2;3-5:cpu1,cpu3", "1f1b", 4, 8)
+    model = ROOT / "examples" / "mlp.py"
+    result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    assert (result.pp_degree, result.dp_degree) == (2, 2)
+    got = run_exported(result.out_dir, result.world_size, 2)
+    ref = train_single_process(model, steps=2, batch_size=32, optimizer="momentum", lr=0.05)
+    check_same(got, ref.losses, ref.parameters)
+
+
+def renamed_profile(tmp: Path, names: dict[int, str]) -> Path:
+    """A copy of the gpt profile with some layers renamed."""
+    prof = json.loads((ROOT / "profiles" / "gpt.json").read_text())
+    for i, name in names.items():
+        prof["layers"][i]["name"] = name
+    path = tmp / "gpt-renamed.json"
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_torchtitan_refuses_what_its_splitter_cannot_keep(tmp_path: Path) -> None:
+    shared = renamed_profile(tmp_path, {0: "embed.tok", 1: "embed.pos"})
+    plan = make_plan(tmp_path, "gpt", "0:cpu0;1-5:cpu1", "1f1b", 4, 1, profile=shared)
+    with pytest.raises(InputError, match="module 'embed' would belong to stages 0 and 1"):
+        export_plan(plan, "torchtitan", tmp_path / "t1")
+    export_plan(plan, "torch", tmp_path / "t2")  # torch's split points need no module lists
+    cfg = json.loads((tmp_path / "t2" / "pipeline.json").read_text())
+    assert cfg["split_points"] == ["embed.pos"]
+    abbreviated = renamed_profile(tmp_path, {3: "blocks.2+...+blocks.9"})
+    plan = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, profile=abbreviated)
+    with pytest.raises(InputError, match="abbreviate their modules"):
+        export_plan(plan, "torchtitan", tmp_path / "t3")
+    cfg = json.loads(
+        (export_plan(plan, "torch", tmp_path / "t4").out_dir / "pipeline.json").read_text()
+    )
+    assert cfg["split_points"] == ["blocks.2"] and cfg["stages"][1]["modules"] is None
