@@ -223,3 +223,71 @@ def test_timing_choice_is_checked() -> None:
         check_timing("event")
     with pytest.raises(InputError, match="--timing"):
         profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0, timing="both")
+
+
+def test_profile_command_takes_timing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    target = tmp_path / "p.json"
+    args = ["profile", str(MODELS / "skip.py"), "-b", "1", "-o", str(target), "-q"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--repeat", "2", "--warmup", "1", "--timing", "pass"])
+    assert info.value.code in (0, None)
+    assert load_profile(target).meta["timing"] == "pass"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--timing", "events"])
+    _, err = capsys.readouterr()
+    assert info.value.code == 2
+    assert "--timing" in err and "pass, layer" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pass_check_names_sizes_off_by_more_than_two_percent() -> None:
+    from planner.commands.profile import pass_check_lines
+    from planner.cost import synthetic_profile
+
+    profile = synthetic_profile(4, forward_ms=1.0, backward_input_ms=1.0, backward_weight_ms=1.0)
+    assert pass_check_lines(profile) == []  # layer timing: nothing to check
+    m = profile.measurements[0]
+    m.pass_forward_ms, m.pass_backward_ms = 4.0, 8.1  # 1.000 and 0.988
+    assert pass_check_lines(profile) == []
+    m.pass_forward_ms = 3.9  # the layers: 1.026x the whole forward
+    (line,) = pass_check_lines(profile)
+    assert line.startswith("microbatch size 1: the layers add up to 1.026x the whole forward")
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value"),
+    [
+        ("measurement", "pass_forward_ms", -1.0),
+        ("measurement", "pass_backward_ms", "fast"),
+        ("layer", "optimizer_workspace_bytes", -5),
+    ],
+)
+def test_new_profile_fields_are_validated(tmp_path: Path, where: str, key: str, value: Any) -> None:
+    from planner.cost import synthetic_profile
+
+    raw = synthetic_profile(2).to_dict()
+    target = raw["measurements"][0] if where == "measurement" else raw["layers"][1]
+    target[key] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(InputError, match=key) as info:
+        load_profile(path)
+    assert str(path) in str(info.value)
+
+
+def test_new_profile_fields_round_trip(tmp_path: Path) -> None:
+    from planner.cost import synthetic_profile
+
+    profile = synthetic_profile(2)
+    profile.layers[0].optimizer_workspace_bytes = 4096
+    profile.measurements[0].pass_forward_ms = 2.5
+    profile.measurements[0].pass_backward_ms = 4.0
+    path = tmp_path / "p.json"
+    profile.save(path)
+    again = load_profile(path)
+    assert again.layers[0].optimizer_workspace_bytes == 4096
+    assert again.layers[1].optimizer_workspace_bytes == 0
+    assert again.measurements[0].pass_ratios() == (2 / 2.5, 4 / 4.0)
+    assert again.to_dict() == profile.to_dict()
