@@ -355,12 +355,12 @@ def render_markdown(data: dict[str, Any], *, command: str, date: str, seconds: f
         text = render_markdown(json.loads(Path("bench/results/gpu.json").read_text()),
                                command="python -m bench --gpu", date="...", seconds=500.0)
     """
+    took = f", {seconds:.0f} s" if seconds else ""
     lines = [
-        "## GPU: predicted against measured on one GPU",
+        "## GPU: predicted against measured on one GPU (generated)",
         "",
         f"`{command}` on {data['device_name']} (torch {data['torch']}, CUDA "
-        f"{data['cuda']}), {date}, {seconds:.0f} s. Model {data['model']}; "
-        f"{data['note']}",
+        f"{data['cuda']}), {date}{took}. Model {data['model']}; {data['note']}",
         "",
     ]
     for precision, s in data.get("summary", {}).items():

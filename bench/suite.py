@@ -504,15 +504,24 @@ def _cuda_available() -> bool:
 
 
 def run_gpu(
-    *, quick: bool, out: Path | None, docs: Path | None, root: Path = ROOT, cuda: bool | None = None
+    *,
+    quick: bool,
+    out: Path | None,
+    docs: Path | None,
+    root: Path = ROOT,
+    cuda: bool | None = None,
+    render_only: bool = False,
 ) -> int:
     """``python -m bench --gpu``: run bench/gpu.py and write its docs section; 0 where
-    there is no CUDA device (one line says so).
+    there is no CUDA device (one line says so). ``render_only`` writes the section from
+    the ``bench/results/gpu.json`` at hand (runs split over several calls; no GPU needed).
 
     Example::
 
         run_gpu(quick=True, out=Path("out/bench-gpu"), docs=None)
     """
+    if render_only:
+        return _render_gpu(root, docs or root / "docs" / "benchmarks.md")
     if not (_cuda_available() if cuda is None else cuda):
         print("python -m bench --gpu: skipped, no CUDA device (torch.cuda.is_available() is False)")
         return 0
@@ -533,12 +542,30 @@ def run_gpu(
     section = render_markdown(
         outcome.data, command=command, date=outcome.date, seconds=outcome.seconds
     )
+    _write_section(docs, section)
+    return 0
+
+
+def _render_gpu(root: Path, docs: Path) -> int:
+    from bench.gpu import render_markdown
+
+    results = root / "bench" / "results" / GPU_BENCH.result_name
+    if not results.exists():
+        print(f"python -m bench --gpu --render-only: {results} not found", file=sys.stderr)
+        return 1
+    data = json.loads(results.read_text())
+    command = "python bench/gpu.py --precisions ... (one call each), then --render-only"
+    section = render_markdown(data, command=command, date=str(data.get("date")), seconds=0.0)
+    _write_section(docs, section)
+    return 0
+
+
+def _write_section(docs: Path, section: str) -> None:
     old = docs.read_text() if docs.exists() else "# Benchmarks\n"
     tmp = docs.with_suffix(".tmp")
     tmp.write_text(replace_section(old, section, GPU_BEGIN, GPU_END))
     tmp.replace(docs)
     print(f"wrote {docs}")
-    return 0
 
 
 def _select(registry: Sequence[Benchmark], only: str | None, root: Path) -> list[Benchmark]:
@@ -588,9 +615,20 @@ def main(
     ap.add_argument(
         "--gpu", action="store_true", help="the GPU benchmark alone (needs CUDA; not in CI)"
     )
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="with --gpu: write the docs section from bench/results/gpu.json, run nothing",
+    )
     args = ap.parse_args(argv)
     if args.gpu:
-        return run_gpu(quick=args.quick, out=args.out, docs=args.docs, root=root)
+        return run_gpu(
+            quick=args.quick,
+            out=args.out,
+            docs=args.docs,
+            root=root,
+            render_only=args.render_only,
+        )
     if args.list:
         for b in registry:
             print(f"{b.name:18s} {b.title}")

@@ -127,3 +127,28 @@ def test_the_gpu_sized_example_is_the_model_the_issue_names() -> None:
     assert model.head.out.weight.shape == (8192, 1024)
     (tokens,), targets = user.batch(2)
     assert tokens.shape == targets.shape == (2, 512)
+
+
+def test_render_only_writes_the_section_from_the_results_at_hand(tmp_path: Path) -> None:
+    """Runs split over several device calls: the docs section from the merged JSON."""
+    data = {
+        "device_name": "NVIDIA H200",
+        "torch": "2.11.0",
+        "cuda": "13.0",
+        "model": "examples/gpt_large.py",
+        "note": "n.",
+        "date": "2026-12-01 10:00 UTC",
+        "rows": [],
+        "plain": [],
+        "profiles": [],
+        "summary": {},
+    }
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "gpu.json").write_text(json.dumps(data))
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n")
+    assert run_gpu(quick=False, out=None, docs=docs, root=tmp_path, render_only=True) == 0
+    text = docs.read_text()
+    assert GPU_BEGIN in text and "NVIDIA H200" in text and "2026-12-01 10:00 UTC" in text
+    missing = tmp_path / "nothing"
+    assert run_gpu(quick=False, out=None, docs=docs, root=missing, render_only=True) == 1
