@@ -284,7 +284,6 @@ class ModelPasses:
         clock: PassClock,
         autocast: Callable[[], AbstractContextManager[Any]] | None = None,
     ):
-
         self.layers = list(layers)
         self.inputs = tuple(inputs)
         self.loss = loss
