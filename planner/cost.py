@@ -12,6 +12,14 @@ Memory of one device of a stage (plain data parallelism: every replica holds a f
     activations = in_flight * stage_activation_bytes + workspace
     recompute   : in_flight * stage input + one microbatch's full activations, rebuilt
                   during its backward
+    peak        = static + versions + max(activations, step workspace)
+
+``workspace`` is the largest transient of one layer's forward or backward beyond what is
+held (``workspace_bytes``), the *step workspace* the temporaries of the stage's optimizer
+step (the layers' ``optimizer_workspace_bytes``: a foreach step makes them for all its
+tensors at once). Both are measured on CUDA only (0 in CPU profiles, which are therefore
+unchanged by them). After a flush no microbatch is in flight when the step runs, hence the
+maximum; without a flush (2bw) the step runs beside stashed activations and adds to them.
 
 Example::
 
@@ -38,8 +46,10 @@ __all__ = [
     "stage_param_bytes",
     "stage_static_bytes",
     "stage_step_ms",
+    "stage_step_workspace_bytes",
     "stage_tied_parameters",
     "stage_times",
+    "stage_workspace_bytes",
     "synthetic_profile",
 ]
 
@@ -258,9 +268,29 @@ def stage_activation_bytes(
     return sum(t.saved_bytes for t in layers)
 
 
-def _workspace_bytes(profile: Profile, first: int, last: int, microbatch_size: int) -> int:
+def stage_workspace_bytes(profile: Profile, first: int, last: int, microbatch_size: int) -> int:
+    """The largest transient memory of one layer's forward or backward in ``first..last``
+    beyond what is held (CUDA profiles; 0 in CPU ones).
+
+    Example::
+
+        stage_workspace_bytes(profile, 0, 3, 4)
+    """
+    _check_range(profile, first, last)
     layers = profile.measurement(microbatch_size).layers[first : last + 1]
     return max((t.workspace_bytes for t in layers), default=0)
+
+
+def stage_step_workspace_bytes(profile: Profile, first: int, last: int) -> int:
+    """Temporaries of the optimizer step over layers ``first..last`` (a foreach step makes
+    them for all its tensors at once, so they add up; CUDA profiles, 0 in CPU ones).
+
+    Example::
+
+        stage_step_workspace_bytes(profile, 0, 3)
+    """
+    _check_range(profile, first, last)
+    return sum(layer.optimizer_workspace_bytes for layer in profile.layers[first : last + 1])
 
 
 def stage_memory_bytes(
@@ -276,7 +306,9 @@ def stage_memory_bytes(
     """Peak memory of one device of the stage with ``in_flight`` microbatches stashed.
 
     ``weight_versions`` > 1 adds extra copies of the weights (2 for PipeDream-2BW). With
-    recompute, one microbatch's full activations exist while its backward runs.
+    recompute, one microbatch's full activations exist while its backward runs. The
+    optimizer step's temporaries count where they exceed the activations (after a flush),
+    or on top of them (``weight_versions`` > 1: no flush).
 
     Example::
 
@@ -289,12 +321,16 @@ def stage_memory_bytes(
         )
     total = stage_static_bytes(profile, first, last)
     total += (weight_versions - 1) * stage_param_bytes(profile, first, last)
-    total += in_flight * stage_activation_bytes(
+    held = in_flight * stage_activation_bytes(
         profile, first, last, microbatch_size, recompute=recompute
     )
     if recompute and in_flight > 0:
-        total += stage_activation_bytes(profile, first, last, microbatch_size)
-    return total + _workspace_bytes(profile, first, last, microbatch_size)
+        held += stage_activation_bytes(profile, first, last, microbatch_size)
+    workspace = stage_workspace_bytes(profile, first, last, microbatch_size)
+    step = stage_step_workspace_bytes(profile, first, last)
+    if weight_versions > 1:
+        return total + held + max(workspace, step)
+    return total + max(held + workspace, step)
 
 
 def boundary_bytes(profile: Profile, last: int, microbatch_size: int) -> int:

@@ -27,7 +27,10 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
 
 Memory per device over time = weights + gradients + optimizer state of its stages (plus a
 second weight version under 2bw) + the activations of the microbatches in flight, which
-are stashed when a forward starts and freed when the backward (or W) ends.
+are stashed when a forward starts and freed when the backward (or W) ends; while a
+forward, backward or half runs, the stage's workspace (``stage_workspace_bytes``), and
+while a STEP runs the temporaries of its optimizer step (``stage_step_workspace_bytes``)
+come on top. Both are measured on CUDA only; CPU profiles have none.
 
 How it is computed: the event loop in :func:`simulate_schedule` is the definition. Over
 a topology, schedules without all-reduces get the same numbers, bit for bit, from one
@@ -61,8 +64,10 @@ from planner.cost import (
     stage_param_bytes,
     stage_static_bytes,
     stage_step_ms,
+    stage_step_workspace_bytes,
     stage_tied_parameters,
     stage_times,
+    stage_workspace_bytes,
 )
 from planner.errors import InputError
 from planner.plan import Plan, StageSpec, as_stages, validate_stages
@@ -600,13 +605,15 @@ def simulate_schedule(
 
     # Memory change at the start and at the end of each compute kind (F, B, I, W): the
     # stash is taken when a forward starts and freed when B (or W) ends; with recompute
-    # the rebuilt activations exist from the start of B (or I) until it (or W) ends.
+    # the rebuilt activations exist from the start of B (or I) until it (or W) ends; the
+    # workspace exists while each runs.
+    scratch = [stage_workspace_bytes(profile, s.first, s.last, microbatch_size) for s in stages]
     deltas = [
         (
-            (stash[i], 0),
-            (rebuilt[i], -stash[i] - rebuilt[i]),
-            (rebuilt[i], 0),
-            (0, -stash[i] - rebuilt[i]),
+            (stash[i] + scratch[i], -scratch[i]),
+            (rebuilt[i] + scratch[i], -stash[i] - rebuilt[i] - scratch[i]),
+            (rebuilt[i] + scratch[i], -scratch[i]),
+            (scratch[i], -stash[i] - rebuilt[i] - scratch[i]),
         )
         for i in range(len(stages))
     ]
@@ -625,9 +632,12 @@ def simulate_schedule(
         durations.append(table)
     grows = [0] * (_SLOTS * len(stages))
     shrinks = [0] * (_SLOTS * len(stages))
-    for si in range(len(stages)):
+    for si, spec in enumerate(stages):
         for code in range(4):
             grows[si * _SLOTS + code], shrinks[si * _SLOTS + code] = deltas[si][code]
+        # The optimizer step's temporaries, while STEP runs.
+        step_work = stage_step_workspace_bytes(profile, spec.first, spec.last)
+        grows[si * _SLOTS + 9], shrinks[si * _SLOTS + 9] = step_work, -step_work
 
     def finish(
         clock: list[float],
@@ -829,6 +839,9 @@ def simulate_schedule(
                     dur = dtab[slot]
                     if record and dur > 0:
                         raw_events.append((di, 9, s, -1, t, t + dur))
+                    if record and grows[slot]:  # the step's temporaries (CUDA profiles)
+                        dmem.append((t, level + grows[slot]))
+                        dmem.append((t + dur, level))
                     t += dur
                 if skey >= 0:
                     if free_comm:
@@ -1109,8 +1122,12 @@ def _run_in_order(
                     mem[di].append((end, level))
                 levels[di] = level
             event((di, code, s, k, t, end))
-        elif code == 9 and dur > 0:
-            event((di, 9, s, -1, t, end))
+        elif code == 9:
+            if dur > 0:
+                event((di, 9, s, -1, t, end))
+            if grows[kslot]:  # the step's temporaries (CUDA profiles)
+                mem[di].append((t, levels[di] + grows[kslot]))
+                mem[di].append((end, levels[di]))
         t = end
         clock[di] = t
         if skey != no_send:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from planner.profile.schema import Profile
 
-__all__ = ["default_output", "profile_table", "register", "run_profile"]
+__all__ = ["default_output", "pass_check_lines", "profile_table", "register", "run_profile"]
 
 
 def default_output(model_path: str | Path) -> Path:
@@ -99,6 +99,7 @@ def run_profile(
     split_at: str | None = None,
     capture: str = "auto",
     precision: str = "fp32",
+    timing: str | None = None,
     console: Console | None = None,
     show_progress: bool = True,
 ) -> tuple[Profile, Path]:
@@ -119,6 +120,7 @@ def run_profile(
     from planner.profile.loader import load_model_file
     from planner.profile.measure import (
         check_device,
+        check_timing,
         optimizer_state_bytes,
         parse_microbatch_sizes,
         profile_model,
@@ -133,7 +135,8 @@ def run_profile(
             f"expected one of {', '.join(CAPTURES)}, got {capture!r}", field="--capture"
         )
     optimizer_state_bytes(0, optimizer)
-    check_device(device)
+    checked_device = check_device(device)
+    check_timing(timing, checked_device.split(":")[0])
     if output is not None:
         check_output_path(output, field="-o")
     load_model_file(model)  # path, import and the contract's functions, before the bar starts
@@ -167,10 +170,34 @@ def run_profile(
             split_at=split_at,
             capture=capture,
             precision=precision,
+            timing=timing,
             progress=progress,
         )
     profile.save(output)
     return profile, output
+
+
+def pass_check_lines(profile: Profile, tolerance: float = 0.02) -> list[str]:
+    """One line per microbatch size whose layers do not add up to the whole pass within
+    ``tolerance`` (pass timing only; an empty list when they all do).
+
+    Example::
+
+        for line in pass_check_lines(profile): print(line)
+    """
+    lines = []
+    for m in profile.measurements:
+        ratios = m.pass_ratios()
+        if ratios is None:
+            continue
+        forward, backward = ratios
+        if abs(forward - 1) > tolerance or abs(backward - 1) > tolerance:
+            lines.append(
+                f"microbatch size {m.microbatch_size}: the layers add up to {forward:.3f}x the "
+                f"whole forward ({m.pass_forward_ms:.3f} ms) and {backward:.3f}x the whole "
+                f"backward ({m.pass_backward_ms:.3f} ms), more than {tolerance:.0%} off"
+            )
+    return lines
 
 
 def register(app: typer.Typer) -> None:
@@ -211,6 +238,13 @@ def profile(
         "--precision",
         help="fp32, or bf16 / fp16 mixed precision (torch.autocast; fp32 master weights).",
     ),
+    timing: str | None = typer.Option(
+        None,
+        "--timing",
+        help="pass: layers timed inside whole passes (default on CUDA); layer: each layer "
+        "timed on its own (default on CPU).",
+        show_default=False,
+    ),
     repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
     threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
@@ -248,6 +282,7 @@ def profile(
         split_at=split_at,
         capture=capture,
         precision=precision,
+        timing=timing,
         console=err,
         show_progress=not quiet and not as_json,
     )
@@ -260,6 +295,8 @@ def profile(
         return
     if not quiet:
         Console().print(profile_table(result))
+    for line in pass_check_lines(result):
+        err.print(f"warning: {line}")
     err.print(f"wrote {path} ({result.num_layers} layers, {seconds:.1f} s)")
 
 

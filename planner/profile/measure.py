@@ -18,8 +18,21 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   ``STEP`` does. The weights are restored afterwards.
 
 Times are medians of ``repeat`` runs after ``warmup`` runs; ``spread`` keeps the quartiles.
-On CUDA each interval is timed with CUDA events after a synchronisation; on CPU with a
-monotonic clock and a fixed number of threads.
+Two timing methods (``timing``, recorded in ``meta["timing"]``):
+
+- ``layer`` (the default on CPU): each layer measured in isolation as above, each interval
+  timed on its own (on CUDA with events after a synchronisation);
+- ``pass`` (the default on CUDA): each layer timed inside uninterrupted passes over the
+  whole model, one synchronisation per pass (:mod:`planner.profile.pass_timing`), so that
+  kernels queue as in a run; each measurement also records the whole forward and
+  backward (``pass_forward_ms``, ``pass_backward_ms``) the layers must add up to. On CUDA
+  memory is then read off the caching allocator inside a whole pass: ``saved_bytes`` is
+  what each layer's forward leaves allocated until its backward (saved tensors, autocast
+  casts, its outputs, rounded to allocator blocks), ``workspace_bytes`` the transient peak
+  beyond all that is held, and each layer's ``optimizer_workspace_bytes`` the transient
+  memory of its optimizer step.
+
+On CPU intervals are read from a monotonic clock with a fixed number of threads.
 
 Example::
 
@@ -44,12 +57,24 @@ from planner.allocator import keep_freed_memory
 from planner.errors import InputError
 from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
+from planner.profile.pass_timing import (
+    CudaClock,
+    CudaMemory,
+    LayerMemory,
+    ModelPasses,
+    PassClock,
+    PassSample,
+    WallClock,
+    time_calls,
+)
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.profile.tied import find_tied_parameters
 
 __all__ = [
     "OPTIMIZERS",
+    "TIMING_METHODS",
     "check_device",
+    "check_timing",
     "ProgressFn",
     "optimizer_state_bytes",
     "parse_microbatch_sizes",
@@ -59,6 +84,9 @@ __all__ = [
 
 # Bytes of optimizer state per byte of parameters: Adam keeps two moments, momentum one buffer.
 OPTIMIZERS: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+TIMING_METHODS = ("pass", "layer")
+"""``pass``: layers timed inside whole passes; ``layer``: each layer on its own (see above)."""
 
 ProgressFn = Callable[[int, int, str], None]
 """Called as ``progress(done, total, description)`` after each timed repeat of all layers."""
@@ -130,6 +158,7 @@ class _Settings:
     warmup: int
     threads: int = 1
     precision: str = "fp32"  # forward (and loss) under torch.autocast: see planner.precision
+    timing: str = "layer"  # TIMING_METHODS
 
     def autocast(self) -> Any:
         """The forward's autocast context (none for fp32)."""
@@ -147,6 +176,14 @@ class _Settings:
         # from it; with more threads only the wall clock sees all the work.
         return "thread_time" if self.threads == 1 else "perf_counter"
 
+    def pass_clock(self) -> PassClock:
+        """The clock of the pass timing: CUDA events, or this CPU clock."""
+        if self.device.type == "cuda":
+            return CudaClock(self.device)
+        if self.clock == "thread_time":
+            return WallClock(time.thread_time, "thread_time")
+        return WallClock(time.perf_counter, "perf_counter")
+
 
 def profile_model(
     path: str | os.PathLike[str],
@@ -160,6 +197,7 @@ def profile_model(
     split_at: str | None = None,
     capture: str = "auto",
     precision: str = "fp32",
+    timing: str | None = None,
     progress: ProgressFn | None = None,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
@@ -172,7 +210,9 @@ def profile_model(
     :func:`planner.profile.split.capture_model`); ``meta["capture"]`` records which ran.
     ``precision`` (``fp32``, ``bf16``, ``fp16``) runs every forward and the loss under
     ``torch.autocast`` (:mod:`planner.precision`), so activation and cut sizes come out in
-    the autocast dtype; parameters, gradients and optimizer state stay fp32.
+    the autocast dtype; parameters, gradients and optimizer state stay fp32. ``timing``
+    (``pass`` or ``layer``; None: ``pass`` on CUDA, ``layer`` on CPU) picks how layers are
+    timed (see the module docstring); ``meta["timing"]`` records it.
 
     Example::
 
@@ -182,12 +222,14 @@ def profile_model(
     import torch
 
     sizes = parse_microbatch_sizes(microbatch_sizes)
+    torch_device = _device(device)
     settings = _Settings(
-        _device(device),
+        torch_device,
         _positive(repeat, "--repeat"),
         _count(warmup),
         _positive(threads, "--threads"),
         check_precision(precision),
+        check_timing(timing, torch_device.type),
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
     user = load_model_file(path)
@@ -214,22 +256,27 @@ def profile_model(
             if progress is not None:
                 progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
 
-        # Every size and layer in one round robin: the machine's slow spells (seconds long on
-        # a shared VM) then fall on a few samples of each, not on all samples of one size.
-        everything = [run for size in prepared for run in size.runners]
-        samples = iter(_time_runners(everything, settings, after_repeat))
-        measurements = [
-            Measurement(
-                size.size,
-                size.input_bytes,
-                [_timing(next(samples), *facts) for facts in size.facts],
-            )
-            for size in prepared
-        ]
+        if settings.timing == "pass":
+            measurements = _measure_in_passes(prepared, settings, after_repeat)
+        else:
+            # Every size and layer in one round robin: the machine's slow spells (seconds
+            # long on a shared VM) then fall on a few samples of each, not on all of one.
+            everything = [run for size in prepared for run in size.runners]
+            samples = iter(_time_runners(everything, settings, after_repeat))
+            measurements = [
+                Measurement(
+                    size.size,
+                    size.input_bytes,
+                    [_timing(next(samples), *facts) for facts in size.facts],
+                )
+                for size in prepared
+            ]
         # The step does not depend on the microbatch size: time it once.
-        steps = _time_optimizer(prepared[0].runners, optimizer, settings)
-        for layer, ms in zip(layers, steps, strict=True):
+        step_workspace = [0] * len(layers)
+        steps = _time_optimizer(prepared[0].runners, optimizer, settings, step_workspace)
+        for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
             layer.optimizer_ms = ms
+            layer.optimizer_workspace_bytes = ws
     finally:
         torch.set_num_threads(old_threads)
     return Profile(
@@ -282,6 +329,7 @@ class _PreparedSize:
     input_bytes: int
     runners: list[_Runner]
     facts: list[tuple[int, int, int]]  # per layer: output, saved and workspace bytes
+    passes: ModelPasses  # the whole model on this size's batch, for the pass timing
 
 
 def _prepare_size(
@@ -294,6 +342,13 @@ def _prepare_size(
     targets = _to(targets, settings.device)
     split = _split_for(user, split, inputs, split_at)
     values: Any = split.flat_inputs(inputs)
+    passes = ModelPasses(
+        split.layers,
+        values,
+        lambda out: user.loss(out, targets),
+        clock=settings.pass_clock(),
+        autocast=settings.autocast,
+    )
     runners: list[_Runner] = []
     facts: list[tuple[int, int, int]] = []
     for k, layer in enumerate(split.layers):
@@ -304,38 +359,108 @@ def _prepare_size(
         facts.append((tensor_bytes(outputs), saved, workspace))
         values = _detach(outputs)
         runners.append(run)
-    return _PreparedSize(size, tensor_bytes(inputs), runners, facts)
+    for p in passes.all_params:  # the isolated runs leave no gradients; the passes do
+        p.grad = None
+    return _PreparedSize(size, tensor_bytes(inputs), runners, facts, passes)
 
 
-def _time_optimizer(runners: Sequence[_Runner], optimizer: str, settings: _Settings) -> list[float]:
-    """Median time of one optimizer step (and the runtime's gradient zeroing) per layer.
+def _measure_in_passes(
+    prepared: Sequence[_PreparedSize],
+    settings: _Settings,
+    after_repeat: Callable[[int], None] | None = None,
+) -> list[Measurement]:
+    """Every size timed in whole passes (:mod:`planner.profile.pass_timing`), round robin
+    over the sizes; on CUDA each layer's memory read off the allocator after the warm-up."""
+    for _ in range(settings.warmup):
+        for size in prepared:
+            size.passes.sample()
+    memory: list[list[LayerMemory] | None] = [None] * len(prepared)
+    if settings.device.type == "cuda":
+        memory = [size.passes.memory(CudaMemory(settings.device)) for size in prepared]
+    samples: list[list[PassSample]] = [[] for _ in prepared]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as in _time_runners
+    try:
+        for r in range(settings.repeat):
+            for size, into in zip(prepared, samples, strict=True):
+                into.append(size.passes.sample())
+            if after_repeat is not None:
+                after_repeat(r)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    out = []
+    for size, got, mem in zip(prepared, samples, memory, strict=True):
+        timings = []
+        for k, (output, saved, workspace) in enumerate(size.facts):
+            if mem is not None:  # CUDA: as the caching allocator holds it
+                saved, workspace = mem[k].held_bytes, mem[k].workspace_bytes
+            per_layer = {
+                "forward_ms": [s.forward_ms[k] for s in got],
+                "backward_ms": [s.backward_ms[k] for s in got],
+                "backward_input_ms": [s.backward_input_ms[k] for s in got],
+                "backward_weight_ms": [s.backward_weight_ms[k] for s in got],
+            }
+            timings.append(_timing(per_layer, output, saved, workspace))
+        out.append(
+            Measurement(
+                size.size,
+                size.input_bytes,
+                timings,
+                pass_forward_ms=_round(statistics.median(s.whole_forward_ms for s in got)),
+                pass_backward_ms=_round(statistics.median(s.whole_backward_ms for s in got)),
+            )
+        )
+        for p in size.passes.all_params:
+            p.grad = None
+    return out
+
+
+def _time_optimizer(
+    runners: Sequence[_Runner],
+    optimizer: str,
+    settings: _Settings,
+    workspace: list[int] | None = None,
+) -> list[float]:
+    """Median time of one optimizer step (and the runtime's gradient zeroing) per layer;
+    on CUDA ``workspace`` (if given) receives the transient memory of each layer's step.
 
     Each layer's parameters get their real gradients from one backward; before every step
-    they are put back (untimed), so every timed step sees real gradients. Layers are timed
-    round robin, as the other timings are. The weights are restored at the end, so the
-    steps leave the model as it was.
+    they are put back (untimed), so every timed step sees real gradients. With ``layer``
+    timing each step is timed on its own, round robin over the layers as the other timings
+    are; with ``pass`` timing all layers' steps run back to back, marks between them, as
+    a stage's step runs over its layers. The weights are restored at the end, so the steps
+    leave the model as it was.
     """
     jobs = [_OptimizerJob(run, optimizer) if run.params else None for run in runners]
     samples: list[list[float]] = [[] for _ in runners]
+    present = [(j, into) for j, into in zip(jobs, samples, strict=True) if j is not None]
     gc_was_enabled = gc.isenabled()
     try:
         # One untimed step first: Adam and momentum create their state on the first step.
         for r in range(1 + settings.warmup + settings.repeat):
             if r == 1 + settings.warmup:
                 gc.disable()  # as in _time_runners: no collection inside a timed step
-            for job, into in zip(jobs, samples, strict=True):
-                if job is None:
-                    continue
-                job.restore_grads()
-                _, ms = job.run._timed(job.step)
-                if r > settings.warmup:
+            if r == 1 and settings.device.type == "cuda" and workspace is not None:
+                workspace[:] = [0 if job is None else job.workspace_bytes() for job in jobs]
+            if settings.timing == "pass":
+                for job, _ in present:
+                    job.restore_grads()
+                times = time_calls([job.step for job, _ in present], settings.pass_clock())
+            else:
+                times = []
+                for job, _ in present:
+                    job.restore_grads()
+                    times.append(job.run._timed(job.step)[1])
+            if r > settings.warmup:
+                for (_, into), ms in zip(present, times, strict=True):
                     into.append(ms)
     finally:
         if gc_was_enabled:
             gc.enable()
-        for job in jobs:
-            if job is not None:
-                job.restore_weights()
+        for maybe in jobs:
+            if maybe is not None:
+                maybe.restore_weights()
     return [_round(statistics.median(ms)) if ms else 0.0 for ms in samples]
 
 
@@ -372,6 +497,16 @@ class _OptimizerJob:
         # What the runtime's STEP runs (planner.runtime.optimizer.PlainStep.step).
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
+
+    def workspace_bytes(self) -> int:
+        """CUDA: the step's peak allocation beyond what was allocated before it (the
+        temporaries of a foreach step), the state already created by an earlier step."""
+        probe = CudaMemory(self.run.settings.device)
+        self.restore_grads()
+        before = probe.allocated()
+        probe.reset_peak()
+        self.step()
+        return max(0, probe.peak() - before)
 
     def restore_weights(self) -> None:
         import torch
@@ -733,6 +868,22 @@ def _to(value: Any, device: Any) -> Any:
     return value
 
 
+def check_timing(name: str | None, device_type: str = "cpu") -> str:
+    """A ``--timing`` value (None: ``pass`` on CUDA, ``layer`` on CPU).
+
+    Example::
+
+        check_timing(None, "cuda")   # 'pass'
+    """
+    if name is None:
+        return "pass" if device_type == "cuda" else "layer"
+    if name not in TIMING_METHODS:
+        raise InputError(
+            f"expected one of {', '.join(TIMING_METHODS)}, got {name!r}", field="--timing"
+        )
+    return name
+
+
 def check_device(name: str) -> str:
     """Validate a ``--device`` value; returns it as torch names it (``cuda`` -> ``cuda:0``).
 
@@ -817,6 +968,7 @@ def _meta(
         "allocator": keep_freed_memory(),
     }
     meta["clock"] = settings.clock
+    meta["timing"] = settings.timing
     if settings.device.type == "cpu":
         meta["threads"] = threads
     else:

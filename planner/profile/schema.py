@@ -50,6 +50,9 @@ class Layer:
     # One optimizer step over the layer's parameters (the profile's ``optimizer``), ms on the
     # profiling device; 0 where it was not measured (imported profiles, older files).
     optimizer_ms: float = 0.0
+    # CUDA: the step's transient memory (a foreach step's temporaries) beyond the weights,
+    # gradients and state, as the caching allocator counts it; 0 where not measured (CPU).
+    optimizer_workspace_bytes: int = 0
 
     @property
     def gradient_bytes(self) -> int:
@@ -94,13 +97,36 @@ class Measurement:
     microbatch_size: int
     input_bytes: int
     layers: list[LayerTiming]
+    # Pass timing (planner.profile.pass_timing): the whole forward (with the loss) and the
+    # whole backward of the model, ms, that the layers' times add up to; None: not timed.
+    pass_forward_ms: float | None = None
+    pass_backward_ms: float | None = None
+
+    def pass_ratios(self) -> tuple[float, float] | None:
+        """The layers' summed forward and backward over the whole passes (1.0: they add up
+        exactly); None where the whole passes were not timed.
+
+        Example::
+
+            profile.measurement(4).pass_ratios()   # e.g. (1.004, 0.997)
+        """
+        if not self.pass_forward_ms or not self.pass_backward_ms:
+            return None
+        forward = sum(t.forward_ms for t in self.layers) / self.pass_forward_ms
+        backward = sum(t.backward_ms for t in self.layers) / self.pass_backward_ms
+        return forward, backward
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "microbatch_size": self.microbatch_size,
             "input_bytes": self.input_bytes,
             "layers": [t.to_dict() for t in self.layers],
         }
+        if self.pass_forward_ms is not None:  # optional: absent in layer-timed profiles
+            out["pass_forward_ms"] = self.pass_forward_ms
+        if self.pass_backward_ms is not None:
+            out["pass_backward_ms"] = self.pass_backward_ms
+        return out
 
 
 @dataclass
@@ -199,6 +225,8 @@ def _layer_dict(layer: Layer) -> dict[str, Any]:
     }
     if layer.optimizer_ms:  # optional: absent means not measured (read back as 0)
         out["optimizer_ms"] = layer.optimizer_ms
+    if layer.optimizer_workspace_bytes:  # optional, CUDA only
+        out["optimizer_workspace_bytes"] = layer.optimizer_workspace_bytes
     return out
 
 
@@ -230,6 +258,9 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
             param_bytes=v.count(item, "param_bytes", f"layers[{i}]"),
             optimizer_state_bytes=v.count(item, "optimizer_state_bytes", f"layers[{i}]"),
             optimizer_ms=v.number(item, "optimizer_ms", f"layers[{i}]", default=0.0),
+            optimizer_workspace_bytes=v.count(
+                item, "optimizer_workspace_bytes", f"layers[{i}]", default=0
+            ),
         )
         for i, item in enumerate(raw_layers)
     ]
@@ -362,7 +393,15 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
         microbatch_size=size,
         input_bytes=v.count(item, "input_bytes", where, default=0),
         layers=layers,
+        pass_forward_ms=_optional_ms(v, item, "pass_forward_ms", where),
+        pass_backward_ms=_optional_ms(v, item, "pass_backward_ms", where),
     )
+
+
+def _optional_ms(v: _Validator, item: Any, key: str, where: str) -> float | None:
+    if key not in item:
+        return None
+    return v.number(item, key, where)
 
 
 class _Validator:
