@@ -50,7 +50,7 @@ def _measure(kind: str, keep: bool, iterations: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if kind == "adam_step":
-        from planner.runtime.optimizer import make_optimizer
+        from planner.optimizers import make_optimizer
 
         params = list(load_model_file(ROOT / "examples" / "mlp.py").build().parameters())
         for p in params:

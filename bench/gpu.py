@@ -195,10 +195,10 @@ def plain_loop(
     ``MICROBATCHES`` microbatches, gradients accumulated, one Adam step; the median step."""
     import torch
 
+    from planner.optimizers import make_optimizer
     from planner.precision import autocast
     from planner.profile.export_graph import call_for_training
     from planner.profile.loader import load_model_file
-    from planner.runtime.optimizer import make_optimizer
 
     cuda = device_type == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")

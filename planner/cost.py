@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import InputError
-from planner.profile.measure import OPTIMIZERS
+from planner.optimizers import STATE_FACTORS
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.profile.tied import TiedParameter
 
@@ -205,11 +205,11 @@ def _tied_static_bytes(profile: Profile, first: int, last: int) -> int:
     copied = sum(t.param_bytes for t in _copied_ties(profile, first, last))
     if not copied:
         return 0
-    ratio = OPTIMIZERS.get(profile.optimizer)
+    ratio = STATE_FACTORS.get(profile.optimizer)
     if ratio is None:
         raise InputError(
             f"cannot size the optimizer state of tied parameters for optimizer "
-            f"{profile.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}",
+            f"{profile.optimizer!r}; expected one of {', '.join(STATE_FACTORS)}",
             field="optimizer",
         )
     return copied * (2 + ratio)

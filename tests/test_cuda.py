@@ -15,11 +15,11 @@ import torch
 from test_runtime import SKIP, TINY, check_same, hard_timeout, make_plan  # noqa: F401
 
 from planner.fileio import sha256_file
+from planner.optimizers import make_optimizer
 from planner.plan import Plan, parse_stages
 from planner.precision import autocast
 from planner.profile import load_model_file, profile_model
 from planner.runtime import run_plan
-from planner.runtime.optimizer import make_optimizer
 from planner.schedule import build_schedule
 from planner.simulate import simulate
 

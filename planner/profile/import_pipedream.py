@@ -33,6 +33,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.optimizers import STATE_FACTORS, check_optimizer
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 DEFAULT_DEVICE = "unknown: published PipeDream profile"
 
 # Optimizer state per parameter byte (fp32 state for fp32 parameters).
-OPTIMIZER_STATE_FACTORS: dict[str, int] = {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 0}
+OPTIMIZER_STATE_FACTORS = STATE_FACTORS  # planner.optimizers: state per byte of parameters
 
 # Profiles published in the PipeDream repository whose minibatch size we could establish, by
 # the SHA-256 of the file. vgg16: profiler/image_classification/README.md runs `-b 128`, and
@@ -363,12 +364,7 @@ def import_pipedream(
         profile = import_pipedream("shared/data/pipedream/gnmt/graph.txt")
         profile.measurements[0].microbatch_size    # 32
     """
-    if optimizer not in OPTIMIZER_STATE_FACTORS:
-        raise InputError(
-            f"unknown optimizer {optimizer!r}; expected one of "
-            f"{', '.join(sorted(OPTIMIZER_STATE_FACTORS))}",
-            field="--optimizer",
-        )
+    check_optimizer(optimizer, field="--optimizer")
     if microbatch_size is not None and microbatch_size <= 0:
         raise InputError(
             f"expected a positive integer, got {microbatch_size}", field="--microbatch-size"

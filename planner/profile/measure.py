@@ -55,6 +55,7 @@ from typing import Any
 
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
+from planner.optimizers import STATE_FACTORS, make_optimizer, optimizer_state_bytes
 from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.pass_timing import (
@@ -83,7 +84,7 @@ __all__ = [
 ]
 
 # Bytes of optimizer state per byte of parameters: Adam keeps two moments, momentum one buffer.
-OPTIMIZERS: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+OPTIMIZERS = STATE_FACTORS  # the optimizers a profile may name (planner.optimizers)
 
 TIMING_METHODS = ("pass", "layer")
 """``pass``: layers timed inside whole passes; ``layer``: each layer on its own (see above)."""
@@ -110,20 +111,6 @@ def _split_backward_fns() -> tuple[Callable[..., Any], Callable[..., Any]] | Non
 
 
 _TIMINGS = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms")
-
-
-def optimizer_state_bytes(param_bytes: int, optimizer: str) -> int:
-    """Optimizer state held for ``param_bytes`` of parameters.
-
-    Example::
-
-        optimizer_state_bytes(1000, "adam")   # 2000
-    """
-    if optimizer not in OPTIMIZERS:
-        raise InputError(
-            f"expected one of {', '.join(OPTIMIZERS)}, got {optimizer!r}", field="--optimizer"
-        )
-    return OPTIMIZERS[optimizer] * param_bytes
 
 
 def parse_microbatch_sizes(text: str | Sequence[int]) -> list[int]:
@@ -469,8 +456,6 @@ class _OptimizerJob:
 
     def __init__(self, run: _Runner, optimizer: str):
         import torch
-
-        from planner.runtime.optimizer import make_optimizer
 
         self.run = run
         params = run.params

@@ -1,7 +1,7 @@
 """The optimizer a profile names, per stage; and PipeDream-2BW's double-buffered weights.
 
-``adam``/``adamw`` are ``torch.optim.Adam``/``AdamW`` (lr 1e-3), ``sgd`` is plain SGD and
-``momentum`` SGD with momentum 0.9 (lr 0.01); ``lr`` overrides the rate. Each stage has
+The optimizers themselves are :mod:`planner.optimizers`'s (``adam``, ``adamw``,
+``momentum``, ``sgd``, with their default rates); ``lr`` overrides the rate. Each stage has
 its own optimizer over its own parameters, which is the same as one optimizer over the
 whole model for these element-wise rules.
 
@@ -27,36 +27,9 @@ from typing import Any
 
 import torch
 
-from planner.errors import InputError
+from planner.optimizers import DEFAULT_LR, make_optimizer
 
 __all__ = ["DEFAULT_LR", "PlainStep", "StreamedTwoBW", "TwoBufferedWeights", "make_optimizer"]
-
-DEFAULT_LR = {"sgd": 0.01, "momentum": 0.01, "adam": 1e-3, "adamw": 1e-3}
-
-
-def make_optimizer(
-    name: str, params: Iterable[torch.Tensor], lr: float | None = None
-) -> torch.optim.Optimizer:
-    """The torch optimizer for a profile's ``optimizer`` field.
-
-    Example::
-
-        make_optimizer("momentum", model.parameters(), lr=0.1)
-    """
-    if name not in DEFAULT_LR:
-        raise InputError(
-            f"unknown optimizer {name!r}; expected one of {', '.join(DEFAULT_LR)}",
-            field="optimizer",
-        )
-    rate = DEFAULT_LR[name] if lr is None else lr
-    params = list(params)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=rate)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=rate, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=rate)
-    return torch.optim.Adam(params, lr=rate)
 
 
 class PlainStep:

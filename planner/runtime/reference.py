@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from planner.optimizers import make_optimizer
 from planner.precision import autocast
 from planner.profile.export_graph import call_for_training
 from planner.profile.loader import load_model_file
 from planner.runtime.batch import slice_batch, to_device
-from planner.runtime.optimizer import make_optimizer
 
 __all__ = ["ReferenceRun", "train_single_process"]
 
