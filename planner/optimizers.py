@@ -52,7 +52,7 @@ def check_optimizer(name: object, *, field: str = "optimizer") -> str:
     """
     if name not in STATE_FACTORS:
         raise InputError(
-            f"unknown optimizer {name!r}; expected one of {', '.join(STATE_FACTORS)}",
+            f"expected one of {', '.join(STATE_FACTORS)}, got {name!r}",
             field=field,
         )
     return str(name)

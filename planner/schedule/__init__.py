@@ -23,7 +23,7 @@ from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
 
 if TYPE_CHECKING:
-    from planner.plan import StageSpec
+    from planner.stages import StageSpec
 
 __all__ = [
     "COMPUTE",
@@ -185,7 +185,7 @@ def _validated_order(
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
         order = _repeat(flushed[name](p, m), m, iterations)
-    from planner.plan import StageSpec
+    from planner.stages import StageSpec
 
     shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)

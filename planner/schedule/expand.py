@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from planner.schedule.actions import Action, ActionType
 
 if TYPE_CHECKING:
-    from planner.plan import StageSpec
+    from planner.stages import StageSpec
 
 __all__ = ["ComputeOp", "expand"]
 

@@ -30,8 +30,8 @@ from planner.schedule.actions import Schedule
 from planner.schedule.expand import ComputeOp
 
 if TYPE_CHECKING:
-    from planner.plan import StageSpec
     from planner.profile.schema import Profile
+    from planner.stages import StageSpec
     from planner.topology import Topology
 
 __all__ = ["family_order", "optimized_schedule"]

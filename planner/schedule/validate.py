@@ -17,7 +17,7 @@ from planner.errors import InputError
 from planner.schedule.actions import Action, ActionType, Schedule
 
 if TYPE_CHECKING:
-    from planner.plan import StageSpec
+    from planner.stages import StageSpec
 
 __all__ = ["validate_order", "validate_schedule"]
 

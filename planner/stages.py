@@ -1,0 +1,296 @@
+"""Stages: which layers run on which devices, and the one check that a partition is sound.
+
+A :class:`StageSpec` is an inclusive layer range on one or more devices (more than one:
+data-parallel replicas). Partitions come as text (``"0-3:gpu0,gpu1;4-7:gpu2"``), as
+decoded JSON/YAML lists, or as objects; :func:`validate_stages` is the single check that a
+partition covers the model's layers exactly once on known, distinct devices. Schedules,
+the simulator, the solver and plans all speak this type.
+
+Example::
+
+    stages = parse_stages("0-3:gpu0,gpu1;4-7:gpu2")
+    validate_stages(stages, num_layers=8, topology=None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["StageSpec", "as_stages", "parse_stages", "stages_from_data", "validate_stages"]
+
+
+@dataclass
+class StageSpec:
+    """One pipeline stage: an inclusive layer range on one or more devices.
+
+    More than one device means data-parallel replicas; microbatch ``k`` of the stage runs
+    on replica ``k % len(devices)`` (PipeDream-style round robin).
+    """
+
+    id: int
+    layers: tuple[int, int]
+    devices: list[str]
+    recompute: bool = False
+
+    @property
+    def first(self) -> int:
+        return self.layers[0]
+
+    @property
+    def last(self) -> int:
+        return self.layers[1]
+
+    def replica(self, microbatch: int) -> str:
+        """The device that runs ``microbatch`` of this stage."""
+        return self.devices[microbatch % len(self.devices)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "layers": [self.layers[0], self.layers[1]],
+            "devices": list(self.devices),
+            "recompute": self.recompute,
+        }
+
+
+def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
+    """Stages from their JSON/YAML form (a list of ``{id?, layers, devices, recompute?}``).
+
+    Example::
+
+        stages_from_data([{"layers": [0, 3], "devices": ["gpu0"]}])
+    """
+    if not isinstance(raw, list) or not raw:
+        raise InputError("expected a non-empty list of stages", file=source, field="stages")
+    stages = []
+    for i, item in enumerate(raw):
+        where = f"stages[{i}]"
+        if not isinstance(item, dict):
+            raise InputError("expected an object", file=source, field=where)
+        layers = item.get("layers")
+        ok = isinstance(layers, list | tuple) and len(layers) == 2
+        ok = ok and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in layers or ()
+        )
+        if not ok:
+            raise InputError(
+                f"expected [first, last] layer indices (integers >= 0), got {layers!r}",
+                file=source,
+                field=f"{where}.layers",
+            )
+        devices = item.get("devices")
+        if isinstance(devices, str):
+            devices = [devices]
+        if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
+            raise InputError(
+                f"expected a list of device names, got {devices!r}",
+                file=source,
+                field=f"{where}.devices",
+            )
+        sid = item.get("id", i)
+        if isinstance(sid, bool) or not isinstance(sid, int) or sid != i:
+            raise InputError(
+                f"expected stage ids 0, 1, 2, ... in order; stage {i} has id {sid!r}",
+                file=source,
+                field=f"{where}.id",
+            )
+        recompute = item.get("recompute", False)
+        if not isinstance(recompute, bool):
+            # A string "false" would otherwise be truthy and silently switch recompute on.
+            raise InputError(
+                f"expected true or false (a JSON/YAML boolean), got {recompute!r}",
+                file=source,
+                field=f"{where}.recompute",
+            )
+        stages.append(
+            StageSpec(
+                id=i,
+                layers=(layers[0], layers[1]),  # type: ignore[index]
+                devices=list(devices),
+                recompute=recompute,
+            )
+        )
+    return stages
+
+
+def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]:
+    """Parse the ``--stages`` shorthand ``"0-3:gpu0,gpu1;4-7:gpu2"``.
+
+    Each ``;``-separated part is ``FIRST-LAST:DEV[,DEV...]`` (a single layer may be
+    written ``5:gpu3``). ``recompute`` lists stage ids whose activations are recomputed.
+
+    Example::
+
+        parse_stages("0-3:gpu0,gpu1;4-7:gpu2", recompute=[1])
+    """
+    stages = []
+    parts = [p.strip() for p in text.split(";") if p.strip()]
+    if not parts:
+        raise InputError("expected stages like '0-3:gpu0,gpu1;4-7:gpu2'", field="--stages")
+    for i, part in enumerate(parts):
+        span, sep, devs = part.partition(":")
+        first_s, dash, last_s = span.strip().partition("-")
+        if not dash:
+            last_s = first_s
+        try:
+            first, last = int(first_s), int(last_s)
+        except ValueError:
+            raise InputError(
+                f"stage {i}: expected FIRST-LAST:DEVICES like '0-3:gpu0', got {part!r}",
+                field="--stages",
+            ) from None
+        devices = [d.strip() for d in devs.split(",") if d.strip()]
+        if not sep or not devices:
+            raise InputError(
+                f"stage {i}: expected at least one device after ':', got {part!r}",
+                field="--stages",
+            )
+        stages.append(StageSpec(id=i, layers=(first, last), devices=devices))
+    for sid in recompute:
+        if not 0 <= sid < len(stages):
+            raise InputError(
+                f"stage {sid} does not exist (stages are 0..{len(stages) - 1})",
+                field="--recompute",
+            )
+        stages[sid].recompute = True
+    return stages
+
+
+def validate_stages(
+    stages: Sequence[StageSpec],
+    num_layers: int,
+    topology: Topology | None,
+    *,
+    source: str | None = None,
+    allow_shared_devices: bool = False,
+) -> None:
+    """Reject partitions with gaps, overlaps, unknown or repeated devices.
+
+    Stages must cover layers ``0..num_layers-1`` in order, each exactly once. With a
+    topology every device must be one of its devices. A device may appear in several
+    stages only with ``allow_shared_devices`` (interleaved schedules place ``v`` stages on
+    each device).
+
+    Example::
+
+        validate_stages(parse_stages("0-3:gpu0;4-7:gpu1"), 8, topology)
+    """
+
+    def fail(where: str, message: str) -> None:
+        raise InputError(message, file=source, field=where)
+
+    if not stages:
+        fail("stages", "expected at least one stage")
+    expected = 0
+    for i, stage in enumerate(stages):
+        first, last = stage.layers
+        where = f"stages[{i}]"
+        if stage.id != i:
+            fail(f"{where}.id", f"expected id {i}, got {stage.id}")
+        if first > last:
+            fail(f"{where}.layers", f"first layer {first} is after last layer {last}")
+        if first > expected:
+            fail(f"{where}.layers", f"gap: layers {expected}..{first - 1} belong to no stage")
+        if first < expected:
+            fail(
+                f"{where}.layers",
+                f"overlap: layers {first}..{min(last, expected - 1)} are already in an "
+                "earlier stage",
+            )
+        expected = last + 1
+        if not stage.devices:
+            fail(f"{where}.devices", "expected at least one device")
+        if len(set(stage.devices)) != len(stage.devices):
+            fail(f"{where}.devices", f"a device is listed twice: {stage.devices}")
+    if expected < num_layers:
+        fail(
+            "stages",
+            f"gap: layers {expected}..{num_layers - 1} belong to no stage "
+            f"(the model has {num_layers} layers)",
+        )
+    if expected > num_layers:
+        fail(
+            f"stages[{len(stages) - 1}].layers",
+            f"layer {expected - 1} does not exist (the model has layers 0..{num_layers - 1})",
+        )
+    if topology is not None:
+        known = set(topology.device_names())
+        for i, stage in enumerate(stages):
+            for dev in stage.devices:
+                if dev not in known:
+                    fail(
+                        f"stages[{i}].devices",
+                        f"unknown device {dev!r}; the topology has {sorted(known)}",
+                    )
+    if not allow_shared_devices:
+        owner: dict[str, int] = {}
+        for i, stage in enumerate(stages):
+            for dev in stage.devices:
+                if dev in owner:
+                    fail(
+                        f"stages[{i}].devices",
+                        f"device {dev!r} is also in stage {owner[dev]}; only the interleaved "
+                        "schedule places several stages on one device",
+                    )
+                owner[dev] = i
+
+
+def as_stages(stages: Any) -> list[StageSpec]:
+    """Stages in any form a user would write them, as a list of :class:`StageSpec`.
+
+    Accepts StageSpecs, the ``--stages`` shorthand, the plan JSON's stage objects, or
+    tuples ``(first, last, devices)`` / ``((first, last), devices)`` (``devices`` a name or
+    a list of names; an optional last item is ``recompute``). Ids follow the list order
+    where they are not given.
+
+    Example::
+
+        as_stages("0-2:gpu0;3-5:gpu1")
+        as_stages([(0, 2, "gpu0"), (3, 5, ["gpu1", "gpu2"])])
+        as_stages(json.load(open("plan.json"))["stages"])
+    """
+    if isinstance(stages, list) and stages and all(isinstance(s, StageSpec) for s in stages):
+        return stages  # the solver's hot path: nothing to convert
+    if isinstance(stages, str):
+        return parse_stages(stages)
+    if not isinstance(stages, list | tuple) or not stages:
+        raise InputError(
+            "expected a non-empty list of stages, or a string like '0-2:gpu0;3-5:gpu1'",
+            field="stages",
+        )
+    if all(isinstance(s, dict) for s in stages):
+        return stages_from_data(list(stages))
+    return [_stage_from_item(i, item) for i, item in enumerate(stages)]
+
+
+def _stage_from_item(index: int, item: Any) -> StageSpec:
+    if isinstance(item, StageSpec):
+        return item
+    if isinstance(item, dict):
+        return stages_from_data([item])[0]
+    parts = list(item) if isinstance(item, list | tuple) else []
+    if parts and isinstance(parts[0], list | tuple) and len(parts[0]) == 2:
+        parts = [parts[0][0], parts[0][1], *parts[1:]]
+    if len(parts) not in (3, 4):
+        raise InputError(
+            f"expected (first, last, devices[, recompute]) or ((first, last), devices), "
+            f"got {item!r}",
+            field=f"stages[{index}]",
+        )
+    first, last, devices = parts[0], parts[1], parts[2]
+    names = [devices] if isinstance(devices, str) else list(devices)
+    recompute = parts[3] if len(parts) == 4 else False
+    ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last))
+    if not ok or not isinstance(recompute, bool) or not all(isinstance(d, str) for d in names):
+        raise InputError(
+            f"expected integer layers, device names and a boolean recompute, got {item!r}",
+            field=f"stages[{index}]",
+        )
+    return StageSpec(index, (first, last), names, recompute)
