@@ -55,6 +55,7 @@ from planner.partition.mapping import (
     slots_along,
     uniform_network,
 )
+from planner.partition.peers import PeerBest
 from planner.plan import Plan, StageSpec
 from planner.profile.schema import Profile, as_profile
 from planner.topology import as_topology
@@ -80,8 +81,9 @@ _ILP_MAX_DEVICES = 32
 _ILP_MAX_CELLS = 48 * 32
 # Stage counts tried by per-count DPs (where one backward DP cannot answer them all).
 _MAX_FRONT_DPS = 8
-# Plans re-cut into interleaved chunks when the user asks for that schedule.
+# Plans re-cut into interleaved chunks, and the chunks per device tried.
 _INTERLEAVED_SEEDS = 6
+_VIRTUAL = (2, 3, 4)
 # Plans the local search starts from.
 _LOCAL_STARTS = 3
 
@@ -222,16 +224,21 @@ def _with_recompute(cand: Candidate, flags: Sequence[bool]) -> Candidate:
     )
 
 
-def _in_flight(schedule: str, num_stages: int, stage: int, m: int, virtual: int = 1) -> int:
-    """Microbatches stage ``stage`` of ``num_stages`` keeps stashed (per chunk when
-    interleaved: the device's count spread over its ``virtual`` chunks)."""
+def _in_flight(
+    schedule: str, num_stages: int, stage: int, m: int, virtual: int = 1, rounds: int = 1
+) -> int:
+    """Microbatches stage ``stage`` of ``num_stages`` keeps stashed over its replicas (per
+    chunk when interleaved: the device's count spread over its ``virtual`` chunks);
+    ``rounds`` as :func:`planner.schedule.replicas.replica_round` gives it."""
     from planner.schedule import in_flight_microbatches
 
     if virtual > 1:
         p = num_stages // virtual
-        total = in_flight_microbatches(schedule, p, stage % p, m, virtual_stages=virtual)
+        total = in_flight_microbatches(
+            schedule, p, stage % p, m, virtual_stages=virtual, rounds=rounds
+        )
         return -(-int(total) // virtual)
-    return int(in_flight_microbatches(schedule, num_stages, stage, m))
+    return int(in_flight_microbatches(schedule, num_stages, stage, m, rounds=rounds))
 
 
 def _weight_versions(schedule: str) -> int:
@@ -249,11 +256,14 @@ def _fix_recompute(
     virtual: int = 1,
 ) -> tuple[bool, ...]:
     """Recompute exactly the stages whose activations do not fit (recompute is never faster)."""
+    from planner.schedule.replicas import replica_round
+
     s = len(ranges)
+    rounds = replica_round([len(d) for d in devices], m)
     flags = []
     for k, ((a, b), devs) in enumerate(zip(ranges, devices, strict=True)):
         limit = min(topology.device(d).memory_bytes for d in devs) / virtual
-        held = -(-_in_flight(schedule, s, k, m, virtual) // len(devs))
+        held = -(-_in_flight(schedule, s, k, m, virtual, rounds) // len(devs))
         mem = stage_memory_bytes(
             profile, a, b, mb, held, weight_versions=_weight_versions(schedule)
         )
@@ -431,11 +441,13 @@ class _DpCand:
     recompute: tuple[bool, ...]
 
 
-def _depth_only(schedule: str, top: int, m: int) -> list[int] | None:
+def _depth_only(schedule: str, top: int, m: int, rounds: int = 1) -> list[int] | None:
     """The in-flight count by distance from the last stage, if that is all it depends on."""
-    from_end = [_in_flight(schedule, top, top - 1 - q, m) for q in range(top)]
+    from_end = [_in_flight(schedule, top, top - 1 - q, m, rounds=rounds) for q in range(top)]
     for s in range(1, top):
-        if any(_in_flight(schedule, s, s - 1 - q, m) != from_end[q] for q in range(s)):
+        if any(
+            _in_flight(schedule, s, s - 1 - q, m, rounds=rounds) != from_end[q] for q in range(s)
+        ):
             return None
     return from_end
 
@@ -453,7 +465,10 @@ def _dp_partitions(
     wv = _weight_versions(schedule)
     kind = [(sl.speed, sl.memory_bytes, sl.replicas, sl.allreduce) for sl in slots]
     same = all(k == kind[0] for k in kind) and all(lk == links[0] for lk in links)
-    from_end = _depth_only(schedule, min(len(slots), n), m) if same else None
+    from planner.schedule.replicas import replica_round
+
+    rounds = replica_round([sl.replicas for sl in slots], m)
+    from_end = _depth_only(schedule, min(len(slots), n), m, rounds) if same else None
     if from_end is not None:
         # Identical slots and links: one backward DP answers every number of stages.
         parts = partition_chain_depths(
@@ -476,7 +491,7 @@ def _dp_partitions(
         step = len(counts) / limit
         counts = sorted({counts[int(i * step)] for i in range(limit)} | {counts[-1]})
     for s in counts:
-        in_flight = [_in_flight(schedule, s, k, m) for k in range(s)]
+        in_flight = [_in_flight(schedule, s, k, m, rounds=rounds) for k in range(s)]
         part = partition_chain(
             costs,
             slots[:s],
@@ -558,32 +573,12 @@ def _ilp_candidate(
     return res.ranges, res.devices, res.recompute
 
 
-def _pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
-    """PipeDream's machine hierarchy read off the topology: GPUs per host, then hosts."""
-    hosts = list(topology.hosts().values())
-    names = topology.device_names()
-
-    def narrowest(pairs: list[tuple[str, str]]) -> float:
-        return min((topology.bandwidth(a, b) for a, b in pairs), default=math.inf)
-
-    if len(hosts) > 1 and len({len(h) for h in hosts}) == 1:
-        inside = [(a, b) for h in hosts for a, b in itertools.combinations(h, 2)]
-        across = [(h[0], g[0]) for h, g in itertools.combinations(hosts, 2)]
-        levels = []
-        if len(hosts[0]) > 1:
-            levels.append((len(hosts[0]), narrowest(inside)))
-        levels.append((len(hosts), narrowest(across)))
-        return levels
-    bw = narrowest(list(itertools.combinations(names, 2)))
-    return [(len(names), bw if math.isfinite(bw) else 1e12)]
-
-
 def baseline_partitions(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int]]]:
-    """``(name, ranges, replicas per stage)`` of every baseline, for ``min(layers, devices)``
-    stages (PipeDream chooses its own stages and replicas). Baselines whose own algorithm
-    gives no partition here are left out; :func:`baseline_outcomes` says why.
+    """``(name, ranges, replicas per stage)`` of every peer default, for ``min(layers,
+    devices)`` stages (PipeDream chooses its own stages and replicas). Those whose own
+    algorithm gives no partition here are left out; :func:`baseline_outcomes` says why.
 
     Example::
 
@@ -599,37 +594,16 @@ def baseline_partitions(
 def baseline_outcomes(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int], str | None]]:
-    """Every baseline as ``(name, ranges, replicas, reason)``: ``ranges`` is empty and
-    ``reason`` says why where the baseline's algorithm itself fails (torchgpipe's block
-    partition on zero-time layers, PipeDream's memory constraint), else ``reason`` is None.
+    """Every peer default as ``(name, ranges, replicas, reason)``
+    (:func:`planner.partition.peers.default_outcomes`).
 
     Example::
 
         for name, ranges, replicas, reason in baseline_outcomes(profile, topology, 4): ...
     """
-    from planner.partition import baselines as bl
+    from planner.partition.peers import default_outcomes
 
-    n = profile.num_layers
-    s = min(n, len(topology.devices))
-    out: list[tuple[str, list[tuple[int, int]], list[int], str | None]] = [
-        ("uniform", list(bl.uniform_partition(n, s)), [1] * s, None),
-        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s, None),
-    ]
-    try:
-        timed = list(bl.time_balanced_partition(profile, microbatch_size, s))
-        out.append(("time-balanced", timed, [1] * s, None))
-    except InputError as exc:
-        out.append(("time-balanced", [], [], str(exc)))
-    try:
-        stages = bl.pipedream_partition(profile, microbatch_size, _pipedream_levels(topology))
-    except InputError as exc:
-        out.append(("pipedream", [], [], str(exc)))
-    else:
-        if stages:
-            out.append(
-                ("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None)
-            )
-    return out
+    return default_outcomes(profile, topology, microbatch_size)
 
 
 def _baseline_candidates(
@@ -654,6 +628,119 @@ def _baseline_candidates(
             continue
         out.append((label, _make(search, ranges, groups, schedule, mb, m)))
     return out
+
+
+# ---------------------------------------------------------------------------------- peers
+
+
+@dataclass
+class _PeerReport:
+    """The tuned peers (their best configurations) and the peer defaults, simulated."""
+
+    tuned: list[PeerBest]
+    defaults: dict[str, Scored]
+    failed: dict[str, str]  # defaults whose own algorithm gives no partition
+
+
+def _peer_report(
+    search: _Search, settings: Sequence[tuple[int, int]], schedule: str
+) -> _PeerReport:
+    """Each peer tuned over its sweep (with the user's schedule where one is given), and the
+    peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
+    the requested schedule, recompute where memory needs it, the best microbatch size."""
+    from planner.partition.peers import PeerJudge, tune_peers
+
+    override = None if schedule == "auto" else (schedule,)
+    judge = PeerJudge(search.profile, search.topology)
+    tuned = tune_peers(search.profile, search.topology, settings, schedules=override, judge=judge)
+    search.sims += judge.simulations
+    base_sched = "1f1b" if schedule in ("auto", "interleaved") else schedule
+    defaults: dict[str, Scored] = {}
+    failed: dict[str, str] = {}
+    for mb, m in settings:
+        for label, cand in _baseline_candidates(search, base_sched, mb, m):
+            if isinstance(cand, str):
+                failed.setdefault(label, cand)
+                continue
+            got = search.evaluate(cand, f"peer default {label}")
+            if label not in defaults or got.key() < defaults[label].key():
+                defaults[label] = got
+    return _PeerReport(tuned, defaults, failed)
+
+
+def _seeded_by_peers(
+    search: _Search, peers: _PeerReport, own: Sequence[Scored], schedules: Sequence[str]
+) -> list[Scored]:
+    """The peers' best plans as candidates (never worse than a configuration a peer's
+    user would pick); where one beats the search's own, local search improves it."""
+    seeds = list(peers.defaults.values())
+    for best in peers.tuned:
+        if best.best is None or not best.feasible:
+            continue
+        c = best.best.config
+        stages = tuple((r, devs, c.recompute) for r, devs in c.stages)
+        m, v = c.num_microbatches, c.virtual_stages
+        cand = Candidate(stages, c.schedule, c.microbatch_size, m, v)
+        seeds.append(search.evaluate(cand, f"peer {best.peer}"))
+    seeds = [x for x in seeds if x.cand.schedule in schedules and x.fits]
+    mine = [x for x in own if x.fits]
+    if not seeds:
+        return []
+    top = min(seeds, key=Scored.key)
+    if mine and min(mine, key=Scored.key).key()[:3] <= top.key()[:3]:
+        return seeds
+    search.methods.append("peer seed")
+    budget = _local_budget(search.options.local_search_evals, top)
+    return [*seeds, _local_search(search, top, budget)]
+
+
+def _peer_rows(peers: _PeerReport | None, samples: int) -> list[dict[str, Any]]:
+    """The plan's ``baselines``: each tuned peer's best configuration, then the peer
+    defaults; times scaled to the plan's samples per iteration (like for like)."""
+    if peers is None:
+        return []
+    rows: list[dict[str, Any]] = []
+    for best in peers.tuned:
+        row: dict[str, Any] = {"name": best.peer, "kind": "tuned peer"}
+        if best.best is None or not best.feasible:
+            row.update(iteration_ms=None, feasible=False, reason=best.describe())
+        else:
+            c = best.best.config
+            row.update(
+                iteration_ms=best.per_sample_ms * samples,
+                feasible=True,
+                configuration=c.describe(),
+                partition=c.partition,
+                depth=c.depth,
+                data_parallel=c.data_parallel,
+                microbatch_size=c.microbatch_size,
+                num_microbatches=c.num_microbatches,
+                schedule=c.schedule,
+                virtual_stages=c.virtual_stages,
+                recompute=c.recompute,
+            )
+        row.update(configurations=best.configurations, simulations=best.simulations)
+        rows.append(row)
+    failed = {k: v for k, v in peers.failed.items() if k not in peers.defaults}
+    for label in sorted([*peers.defaults, *failed]):
+        name = f"{label} (peer default)"
+        if label not in peers.defaults:
+            # The peer's own algorithm gives no partition (e.g. torchgpipe on zero-time
+            # layers): an infeasible row that says why, rather than a failed solve.
+            rows.append(
+                {
+                    "name": name,
+                    "kind": "peer default",
+                    "iteration_ms": None,
+                    "feasible": False,
+                    "reason": failed[label],
+                }
+            )
+            continue
+        b = peers.defaults[label]
+        ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None
+        rows.append({"name": name, "kind": "peer default", "iteration_ms": ms, "feasible": b.fits})
+    return rows
 
 
 # --------------------------------------------------------------------------- local search
@@ -801,41 +888,51 @@ def _lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> fl
 
 
 def _interleaved(search: _Search, best: Scored) -> list[Candidate]:
-    """Interleaved versions (2 virtual stages per device) of a one-device-per-stage plan."""
+    """Interleaved versions of a plan whose stages have equally many replicas: its stages'
+    device groups in order, each holding ``v`` chunks (``v`` in :data:`_VIRTUAL`), the
+    layers re-cut by the DP over the ``v * p`` chunks."""
     c = best.cand
-    if any(len(d) != 1 for _, d, _ in c.stages) or c.virtual_stages > 1:
+    sizes = {len(d) for _, d, _ in c.stages}
+    if len(sizes) != 1 or c.virtual_stages > 1:
         return []
+    (r,) = sizes
     p = len(c.stages)
     n = search.profile.num_layers
-    if p < 2 or n < 2 * p or c.num_microbatches % p:
+    m = c.num_microbatches
+    if p < 2 or m % p or (m // r) % p:
         return []
     costs = layer_costs(search.profile, c.microbatch_size)
-    devices = [d[0] for _, d, _ in c.stages]
-    slots = slots_along(search.topology, devices * 2, replicas=1)
-    slots = [type(sl)(sl.devices, sl.speed, sl.memory_bytes / 2, sl.allreduce) for sl in slots]
-    in_flight = [_in_flight("interleaved", 2 * p, k, c.num_microbatches, 2) for k in range(2 * p)]
-    part = partition_chain(
-        costs,
-        slots,
-        in_flight=in_flight,
-        num_microbatches=c.num_microbatches,
-        links=links_between(search.topology, slots),
-    )
-    if part is None:
-        return []
-    groups = [sl.devices for sl in slots]
-    return [
-        _make(
-            search,
-            part.ranges,
-            groups,
-            "interleaved",
-            c.microbatch_size,
-            c.num_microbatches,
-            recompute=part.recompute,
-            virtual=2,
+    path = [d for _, devs, _ in c.stages for d in devs]
+    out = []
+    for v in _VIRTUAL:
+        if n < v * p:
+            break
+        slots = slots_along(search.topology, path * v, replicas=r)
+        slots = [type(sl)(sl.devices, sl.speed, sl.memory_bytes / v, sl.allreduce) for sl in slots]
+        in_flight = [_in_flight("interleaved", v * p, k, m, v, r) for k in range(v * p)]
+        part = partition_chain(
+            costs,
+            slots,
+            in_flight=in_flight,
+            num_microbatches=m,
+            links=links_between(search.topology, slots),
         )
-    ]
+        if part is None:
+            continue
+        groups = [sl.devices for sl in slots]
+        out.append(
+            _make(
+                search,
+                part.ranges,
+                groups,
+                "interleaved",
+                c.microbatch_size,
+                m,
+                recompute=part.recompute,
+                virtual=v,
+            )
+        )
+    return out
 
 
 def _size(nbytes: float) -> str:
@@ -944,37 +1041,55 @@ def solve(
     settings = _batch_settings(profile, global_batch, microbatches, len(topology.devices))
     schedules = list(_AUTO) if schedule == "auto" else [schedule]
     search = _Search(profile, topology, opts, time_limit)
+    own = _own_search(search, settings, schedules, clock)
+    final = [x for x in own if x.cand.schedule in schedules]
+    peers: _PeerReport | None = None
+    if opts.baselines:
+        peers = _peer_report(search, settings, schedule)
+        final.extend(_seeded_by_peers(search, peers, final, schedules))
+    if not final or not min(final, key=Scored.key).fits:
+        if not any(x.fits for x in own):
+            raise _infeasible(profile, topology, settings)
+        raise InfeasibleError(
+            f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
+            "with at least 2 layers per device and a number of microbatches that is a "
+            "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
+            field="--schedule",
+        )
+    best = min(final, key=Scored.key)
+    mine = [x for x in own if x.cand.schedule in schedules and x.fits]
+    return _to_plan(
+        search,
+        best,
+        peers,
+        profile_path,
+        topology_path,
+        time.perf_counter() - clock,
+        unseeded=min(mine, key=Scored.key) if mine else None,
+    )
+
+
+def _own_search(
+    search: _Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str], clock: float
+) -> list[Scored]:
+    """pipeplan's own search, without any peer plan in its pool: exhaustive on tiny
+    instances, else DP candidates, the ILP and local search; then every allowed schedule
+    on the winner and interleaved re-cuts of the best few."""
+    profile, topology, opts = search.profile, search.topology, search.options
     primary = [s for s in schedules if s != "interleaved"] or ["1f1b"]
     n = profile.num_layers
     names = topology.device_names()
     scored: list[Scored] = []
-    baseline_rows: dict[str, Scored] = {}
-    baseline_failed: dict[str, str] = {}  # baselines whose own algorithm gives no partition
     homogeneous = identical_devices(topology) and uniform_network(topology)
-
-    if opts.baselines:
-        base_sched = "1f1b" if schedule == "auto" else primary[0]
-        for mb, m in settings:
-            for sched in [base_sched]:
-                for label, cand in _baseline_candidates(search, sched, mb, m):
-                    if isinstance(cand, str):
-                        baseline_failed.setdefault(label, cand)
-                        continue
-                    got = search.evaluate(cand, f"baseline {label}")
-                    scored.append(got)
-                    prev = baseline_rows.get(label)
-                    if prev is None or got.key() < prev.key():
-                        baseline_rows[label] = got
-
     space = exhaustive_size(n, len(names)) * len(settings) * len(primary)
+    # Each simulation costs about devices x microbatches; big instances simulate fewer.
+    scale = len(names) * max(m for _, m in settings)
     if space <= opts.exhaustive_limit:
         search.methods.append("exhaustive")
         scored.extend(_exhaustive(search, primary, settings))
     else:
         search.methods.append("dp")
         paths = [names] if homogeneous else candidate_paths(topology)
-        # Each simulation costs about devices x microbatches; big instances simulate fewer.
-        scale = len(names) * max(m for _, m in settings)
         top = max(1, min(opts.top_candidates, opts.top_candidates * 2048 // scale))
         for mb, m in settings:
             costs = layer_costs(profile, mb)
@@ -988,7 +1103,7 @@ def solve(
             use_ilp = not homogeneous
         if use_ilp and scored:
             # The ILP gets what is left of the time limit (at least a tenth of it).
-            left = max(time_limit - (time.perf_counter() - clock), 0.1 * time_limit)
+            left = max(search.time_limit - (time.perf_counter() - clock), 0.1 * search.time_limit)
             from_ilp = _run_ilp(search, min(scored, key=Scored.key), primary, left)
             if from_ilp is not None:
                 scored.append(from_ilp)
@@ -999,34 +1114,17 @@ def solve(
         for rank, start in enumerate(starts):
             budget = _local_budget(opts.local_search_evals, start)
             scored.append(_local_search(search, start, budget if rank == 0 else budget // 6))
-
     if not scored or not min(scored, key=Scored.key).fits:
-        raise _infeasible(profile, topology, settings)
+        return scored
     best = min(scored, key=Scored.key)
     scored.extend(_other_schedules(search, best, schedules))
-    if schedule == "interleaved":
-        # Seeds were planned as 1F1B; re-cut the best few into 2 chunks per device.
-        seeds = sorted((x for x in scored if x.fits), key=Scored.key)[:_INTERLEAVED_SEEDS]
+    if "interleaved" in schedules:
+        # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
+        count = _INTERLEAVED_SEEDS if scale <= 2048 else 1
+        seeds = _distinct_starts([x for x in scored if x.cand.virtual_stages == 1], count)
         for seed in seeds:
             scored.extend(search.evaluate(e, "interleaved") for e in _interleaved(search, seed))
-    final = [x for x in scored if x.cand.schedule in schedules]
-    if not final or not min(final, key=Scored.key).fits:
-        raise InfeasibleError(
-            f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
-            "with at least 2 layers per device and a number of microbatches that is a "
-            "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
-            field="--schedule",
-        )
-    best = min(final, key=Scored.key)
-    return _to_plan(
-        search,
-        best,
-        baseline_rows,
-        profile_path,
-        topology_path,
-        time.perf_counter() - clock,
-        failed=baseline_failed,
-    )
+    return scored
 
 
 def _run_ilp(
@@ -1093,12 +1191,12 @@ def _local_budget(evals: int, best: Scored) -> int:
 def _to_plan(
     search: _Search,
     best: Scored,
-    baselines: dict[str, Scored],
+    peers: _PeerReport | None,
     profile_path: str | None,
     topology_path: str | None,
     seconds: float,
     *,
-    failed: dict[str, str] | None = None,
+    unseeded: Scored | None = None,
 ) -> Plan:
     c = best.cand
     topo = search.topology
@@ -1133,20 +1231,18 @@ def _to_plan(
     steps = list(getattr(res, "step_ms", None) or [])
     if any(steps):  # as SimResult.predicted: present when the prediction has the step in it
         predicted["step_ms"] = [round(x, 6) for x in steps]
-    rows: list[dict[str, Any]] = []
-    failed = {k: v for k, v in (failed or {}).items() if k not in baselines}
-    for label in sorted([*baselines, *failed]):
-        if label in failed:
-            # The baseline's own algorithm gives no partition (e.g. torchgpipe on zero-time
-            # layers): an infeasible row that says why, rather than a failed solve.
-            rows.append(
-                {"name": label, "iteration_ms": None, "feasible": False, "reason": failed[label]}
-            )
-            continue
-        b = baselines[label]
-        # Scale to this plan's samples per iteration so the times compare like for like.
-        ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None
-        rows.append({"name": label, "iteration_ms": ms, "feasible": b.fits})
+    if unseeded is not None:
+        # What the search found on its own, before any peer plan joined the pool.
+        u = unseeded.cand
+        solver["without_peers"] = {
+            "iteration_ms": unseeded.per_sample_ms * samples,
+            "microbatch_size": u.microbatch_size,
+            "num_microbatches": u.num_microbatches,
+            "schedule": u.schedule,
+            "stages": [[list(r), list(d)] for r, d, _ in u.stages],
+            "origin": unseeded.origin,
+        }
+    rows = _peer_rows(peers, samples)
     schedule = res.schedule.to_dict() if res is not None else {"name": c.schedule}
     return Plan(
         profile=_file_ref(profile_path, search.profile.to_dict()),
