@@ -84,8 +84,9 @@ _MAX_FRONT_DPS = 8
 # Plans re-cut into interleaved chunks, and the chunks per device tried.
 _INTERLEAVED_SEEDS = 6
 _VIRTUAL = (2, 3, 4)
-# Plans the local search starts from.
+# Plans the local search starts from, and the fewest simulations it gets from the best.
 _LOCAL_STARTS = 3
+_LOCAL_FLOOR = 24
 
 StageKey = tuple[tuple[int, int], tuple[str, ...], bool]
 
@@ -535,6 +536,93 @@ def _dp_candidates(
     return sorted(found.values(), key=lambda c: (c.estimate, c.ranges, c.groups))
 
 
+def _grid_shapes(
+    search: _Search, cands: Sequence[_DpCand], schedule: str, mb: int, m: int
+) -> list[Candidate]:
+    """The sweep a practitioner runs, with the DP's partitions: for every pipeline depth
+    ``d`` and ``N / d`` replicas per stage that use all ``N`` devices, the DP's best
+    estimate over the device orderings tried, and its compute-only split (:func:`_recut`)."""
+    total = len(search.topology.devices)
+    seen: set[tuple[int, int]] = set()
+    out: list[Candidate] = []
+    for c in cands:  # best estimate first
+        shape = (len(c.groups), len(c.groups[0]))
+        if shape[0] * shape[1] != total or shape in seen:
+            continue
+        if any(len(g) != shape[1] for g in c.groups):
+            continue
+        seen.add(shape)
+        out.append(_make(search, c.ranges, c.groups, schedule, mb, m, recompute=c.recompute))
+        out.extend(_recut(search, c.groups, schedule, mb, m, full=False))
+    return out
+
+
+def _grid_interleaved(
+    search: _Search, grid: Sequence[Candidate], scored: Sequence[Scored]
+) -> list[Candidate]:
+    """Interleaved re-cuts of the grid's 1F1B pipelines whose busiest device (compute,
+    all-reduce, step) could still beat the best plan found, the most promising
+    :data:`_INTERLEAVED_SEEDS` first: by the busy time plus the fill and drain
+    (:func:`planner.partition.bounds.pipeline_bound_ms`) shrunk by the most chunks per
+    device the layers allow, as interleaving shrinks it."""
+    from planner.partition.bounds import busy_bound_ms, pipeline_bound_ms
+
+    best = min((x.per_sample_ms for x in scored if x.fits), default=math.inf)
+    n = search.profile.num_layers
+    ranked = []
+    for i, c in enumerate(grid):
+        p = len(c.stages)
+        if c.schedule != "1f1b" or p < 2 or n < 2 * p:
+            continue
+        args = (search.profile, search.topology, c.specs(), c.num_microbatches, c.microbatch_size)
+        busy = busy_bound_ms(*args)
+        if busy / c.samples >= best:
+            continue
+        v = max(x for x in _VIRTUAL if x * p <= n)
+        drain = max(pipeline_bound_ms(*args) - busy, 0.0)
+        ranked.append(((busy + drain / v) / c.samples, i, c))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    scale = len(search.topology.devices) * max((c.num_microbatches for c in grid), default=1)
+    count = _INTERLEAVED_SEEDS if scale <= 2048 else _INTERLEAVED_SEEDS // 2
+    out: list[Candidate] = []
+    for _, _, c in ranked[:count]:
+        out.extend(_interleaved(search, c))
+    return out
+
+
+def _by_bound(
+    search: _Search, cands: Sequence[Candidate], scored: Sequence[Scored], origin: str
+) -> list[Scored]:
+    """Simulate ``cands`` in the order of a lower bound of their time per sample
+    (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
+    best plan found so far; the rest cannot, so leaving them out loses nothing."""
+    from planner.partition.bounds import search_bound_ms
+
+    fitting = [x.per_sample_ms for x in scored if x.fits]
+    best = min(fitting, default=math.inf)
+    ranked = []
+    for i, c in enumerate(dict.fromkeys(cands)):
+        bound = search_bound_ms(
+            search.profile,
+            search.topology,
+            c.specs(),
+            c.schedule,
+            c.num_microbatches,
+            c.microbatch_size,
+        )
+        ranked.append((bound / c.samples, i, c))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    out = []
+    for bound, _, c in ranked:
+        if bound >= best:
+            break
+        got = search.evaluate(c, origin)
+        out.append(got)
+        if got.fits:
+            best = min(best, got.per_sample_ms)
+    return out
+
+
 def _ilp_candidate(
     search: _Search,
     costs: LayerCosts,
@@ -648,12 +736,25 @@ def _peer_report(
     """Each peer tuned over its sweep (with the user's schedule where one is given), and the
     peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
     the requested schedule, recompute where memory needs it, the best microbatch size."""
-    from planner.partition.peers import PeerJudge, tune_peers
+    from planner.partition.peers import PeerConfig, PeerJudge, tune_peers
 
     override = None if schedule == "auto" else (schedule,)
-    judge = PeerJudge(search.profile, search.topology)
+
+    def simulate_peer(config: PeerConfig) -> tuple[float, bool]:
+        # Through the search's own cache: a shape both simulate is simulated once.
+        stages = tuple((r, devs, config.recompute) for r, devs in config.stages)
+        cand = Candidate(
+            stages,
+            config.schedule,
+            config.microbatch_size,
+            config.num_microbatches,
+            config.virtual_stages,
+        )
+        got = search._simulate(cand, f"peer {config.peer}")
+        return got.iteration_ms, got.fits
+
+    judge = PeerJudge(search.profile, search.topology, simulator=simulate_peer)
     tuned = tune_peers(search.profile, search.topology, settings, schedules=override, judge=judge)
-    search.sims += judge.simulations
     base_sched = "1f1b" if schedule in ("auto", "interleaved") else schedule
     defaults: dict[str, Scored] = {}
     failed: dict[str, str] = {}
@@ -887,11 +988,11 @@ def _lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> fl
     return m * (f + b) / total_speed
 
 
-def _interleaved(search: _Search, best: Scored) -> list[Candidate]:
+def _interleaved(search: _Search, c: Candidate) -> list[Candidate]:
     """Interleaved versions of a plan whose stages have equally many replicas: its stages'
     device groups in order, each holding ``v`` chunks (``v`` in :data:`_VIRTUAL`), the
-    layers re-cut by the DP over the ``v * p`` chunks."""
-    c = best.cand
+    layers re-cut by the DP over the ``v * p`` chunks (with its all-reduce term and
+    without it: see :func:`_recut`)."""
     sizes = {len(d) for _, d, _ in c.stages}
     if len(sizes) != 1 or c.virtual_stages > 1:
         return []
@@ -901,37 +1002,68 @@ def _interleaved(search: _Search, best: Scored) -> list[Candidate]:
     m = c.num_microbatches
     if p < 2 or m % p or (m // r) % p:
         return []
-    costs = layer_costs(search.profile, c.microbatch_size)
-    path = [d for _, devs, _ in c.stages for d in devs]
+    groups = [d for _, d, _ in c.stages]
     out = []
     for v in _VIRTUAL:
         if n < v * p:
             break
-        slots = slots_along(search.topology, path * v, replicas=r)
-        slots = [type(sl)(sl.devices, sl.speed, sl.memory_bytes / v, sl.allreduce) for sl in slots]
-        in_flight = [_in_flight("interleaved", v * p, k, m, v, r) for k in range(v * p)]
+        out.extend(_recut(search, groups * v, "interleaved", c.microbatch_size, m, v))
+    return out
+
+
+def _recut(
+    search: _Search,
+    groups: Sequence[tuple[str, ...]],
+    schedule: str,
+    mb: int,
+    m: int,
+    virtual: int = 1,
+    *,
+    full: bool = True,
+) -> list[Candidate]:
+    """The DP's partitions of all layers over these stage groups (``virtual`` chunks per
+    group), twice: with the DP's full model (compute, a per-microbatch share of each
+    stage's all-reduce, the transfer to the next group), and with compute alone. In the
+    simulator a stage's all-reduce runs once, after its last backward, so it adds to the
+    drain rather than to every microbatch, and the replicas' transfers run side by side
+    and overlap compute; on many replicas the full model skews the split towards cheap
+    all-reduces and cuts, which the compute-only split does not. ``full=False``: only the
+    compute-only split (the caller has the other). Plus the equal-layer split."""
+    r = len(groups[0])
+    path = [d for g in groups for d in g]
+    slots = slots_along(search.topology, path, replicas=r)
+    slots = [
+        type(sl)(sl.devices, sl.speed, sl.memory_bytes / virtual, sl.allreduce) for sl in slots
+    ]
+    bare = [type(sl)(sl.devices, sl.speed, sl.memory_bytes) for sl in slots]
+    variants = [slots, bare] if full else [bare]
+    k = len(slots)
+    in_flight = [_in_flight(schedule, k, i, m, virtual, r) for i in range(k)]
+    costs = layer_costs(search.profile, mb)
+    out: list[Candidate] = []
+    if len(slots) <= search.profile.num_layers:
+        # Equal layer counts: on uniform layers the DP's ties (where the light chunks go)
+        # matter to the schedule, and the even split is a tie the DP may not pick.
+        from planner.partition.baselines import uniform_partition
+
+        even = uniform_partition(search.profile.num_layers, len(slots))
+        out.append(_make(search, even, groups, schedule, mb, m, virtual=virtual))
+    for variant in variants:
         part = partition_chain(
             costs,
-            slots,
+            variant,
             in_flight=in_flight,
             num_microbatches=m,
-            links=links_between(search.topology, slots),
+            links=links_between(search.topology, variant) if variant is slots else None,
+            weight_versions=_weight_versions(schedule),
         )
         if part is None:
             continue
-        groups = [sl.devices for sl in slots]
-        out.append(
-            _make(
-                search,
-                part.ranges,
-                groups,
-                "interleaved",
-                c.microbatch_size,
-                m,
-                recompute=part.recompute,
-                virtual=v,
-            )
+        cand = _make(
+            search, part.ranges, groups, schedule, mb, m, recompute=part.recompute, virtual=virtual
         )
+        if cand not in out:
+            out.append(cand)
     return out
 
 
@@ -1091,6 +1223,7 @@ def _own_search(
         search.methods.append("dp")
         paths = [names] if homogeneous else candidate_paths(topology)
         top = max(1, min(opts.top_candidates, opts.top_candidates * 2048 // scale))
+        grid: list[Candidate] = []
         for mb, m in settings:
             costs = layer_costs(profile, mb)
             for sched in primary:
@@ -1098,6 +1231,11 @@ def _own_search(
                 for c in cands[:top]:
                     cand = _make(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                     scored.append(search.evaluate(cand, "dp"))
+                grid.extend(_grid_shapes(search, cands, sched, mb, m))
+        scored.extend(_by_bound(search, grid, scored, "grid"))
+        if "interleaved" in schedules:
+            chunked = _grid_interleaved(search, grid, scored)
+            scored.extend(_by_bound(search, chunked, scored, "grid interleaved"))
         use_ilp = opts.use_ilp
         if use_ilp is None:
             use_ilp = not homogeneous
@@ -1121,9 +1259,10 @@ def _own_search(
     if "interleaved" in schedules:
         # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
         count = _INTERLEAVED_SEEDS if scale <= 2048 else 1
-        seeds = _distinct_starts([x for x in scored if x.cand.virtual_stages == 1], count)
-        for seed in seeds:
-            scored.extend(search.evaluate(e, "interleaved") for e in _interleaved(search, seed))
+        pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
+        for seed in _distinct_starts(pipelines, count):
+            extra = _interleaved(search, seed.cand)
+            scored.extend(search.evaluate(e, "interleaved") for e in extra)
     return scored
 
 
@@ -1172,7 +1311,7 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
         if sched == c.schedule:
             continue
         if sched == "interleaved":
-            extra = _interleaved(search, best)
+            extra = _interleaved(search, c)
         else:
             ranges = [r for r, _, _ in c.stages]
             groups = [d for _, d, _ in c.stages]
@@ -1182,10 +1321,13 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
 
 
 def _local_budget(evals: int, best: Scored) -> int:
-    """Fewer local-search simulations for big pipelines (each one costs more)."""
+    """Fewer local-search simulations for big pipelines (each one costs more), but at least
+    :data:`_LOCAL_FLOOR`: moving a few cuts by a layer or two is what separates the DP's
+    estimate from the simulator's optimum on big interleaved and replicated plans."""
     c = best.cand
     size = sum(len(d) for _, d, _ in c.stages) * c.num_microbatches
-    return max(4, min(evals, int(evals * 128 / max(size, 1))))
+    floor = _LOCAL_FLOOR if len(c.stages) > 1 else 4  # one stage: no cut to move
+    return max(min(evals, floor), min(evals, int(evals * 128 / max(size, 1))))
 
 
 def _to_plan(

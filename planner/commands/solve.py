@@ -179,18 +179,14 @@ def _print_peers(console: Console, plan: Plan) -> None:
     defaults = [b for b in plan.baselines if b.get("kind") != "tuned peer"]
     alone = plan.solver.get("without_peers", {}).get("iteration_ms")
     if tuned:
-        table = Table(
-            title="Peers at their best (same profile, topology, batch and simulator)"
-        )
+        table = Table(title="Peers at their best (same profile, topology, batch and simulator)")
         for col, justify in (("peer", "left"), ("best configuration", "left")):
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         table.add_column("iteration ms", justify="right")
         table.add_column("vs pipeplan", justify="right")
         table.add_row("pipeplan", "", f"{it:.3f}", "1.00x")
         if isinstance(alone, int | float):
-            table.add_row(
-                "pipeplan, search alone", "(no peer seeds)", f"{alone:.3f}", ratio(alone)
-            )
+            table.add_row("pipeplan, search alone", "(no peer seeds)", f"{alone:.3f}", ratio(alone))
         for row in tuned:
             ms = row.get("iteration_ms")
             shown = f"{ms:.3f}" if ms is not None else "-"
