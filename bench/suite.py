@@ -152,6 +152,13 @@ REGISTRY: tuple[Benchmark, ...] = (
         quick_timeout_s=90,
     ),
     Benchmark(
+        "peer_runs",
+        "peer_runs.py",
+        "Measured: pipeplan's plan against the best tuned peer's, both run",
+        timeout_s=900,
+        quick_timeout_s=120,
+    ),
+    Benchmark(
         "models",
         "models.py",
         "Model coverage: Hugging Face architectures profiled and run as pipelines",
