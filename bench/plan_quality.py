@@ -175,11 +175,13 @@ def main() -> None:
         ),
         "python": platform.python_version(),
         **summary,
-        "infeasible": [
-            f"{r['profile']} on {r['topology']}: {r['infeasible']}"
+        # One line for the report (lists are left out of its bullets).
+        "infeasible": "; ".join(
+            f"{r['profile']} on {r['topology']}: {r['infeasible'][:100]}"
             for r in cases
             if "infeasible" in r
-        ],
+        )
+        or None,
         "rows": table,
         "cases": rows,
     }
