@@ -180,7 +180,7 @@ class PeerBest:
     peer: str
     best: PeerRun | None
     configurations: int  # runnable configurations considered
-    simulations: int  # of which simulated (the rest were bounded out)
+    simulations: int  # of which simulated (or found simulated); the rest were bounded out
     reason: str | None = None
 
     @property
@@ -523,12 +523,11 @@ def tune_peers(
                 reasons.append(c)
             else:
                 configs.append(c)
-        before = judge.simulations
-        best, _ = _best_of(judge, configs)
+        best, simulated = _best_of(judge, configs)
         reason = None
         if best is None:
             reason = _why_none(configs, reasons)
-        out.append(PeerBest(peer.name, best, len(configs), judge.simulations - before, reason))
+        out.append(PeerBest(peer.name, best, len(configs), simulated, reason))
     return out
 
 
