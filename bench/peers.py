@@ -10,7 +10,8 @@ cost = forward + backward ms at the smallest profiled microbatch size:
   per-layer microseconds it measures) on the profile's microseconds, against
   ``planner.partition.baselines.block_partition``;
 - and, on the MLP example (an ``nn.Sequential``), torchgpipe's ``balance_by_time`` itself,
-  timing the real layers on this CPU, scored with the stored profile.
+  timing the real layers on this CPU with the profile's settings (its thread count, 1, and
+  its smallest microbatch size), scored with the stored profile.
 
 Each row: does the peer give the same split as ours, and the bottleneck (largest stage's ms)
 of the peer's split against the best contiguous split (exact min-max DP, computed here).
@@ -163,12 +164,26 @@ def balance_by_time_rows(stage_counts: list[int]) -> list[dict[str, Any]]:
     sys.path.insert(0, str(ROOT / "examples"))
     import mlp  # examples/mlp.py: build_model() is an nn.Sequential
 
-    costs = layer_ms(load_profile(ROOT / "profiles" / "mlp.json"))
+    profile = load_profile(ROOT / "profiles" / "mlp.json")
+    costs = layer_ms(profile)
+    # The same settings as the profile it is scored on: its thread count (the profiler pins
+    # one thread) and its smallest microbatch size, which layer_ms reads.
+    threads = int(profile.meta.get("threads", 1))
+    batch = min(m.microbatch_size for m in profile.measurements)
     rows = []
-    for k in stage_counts:
-        model = mlp.build_model()
-        sample, _ = mlp.sample_batch(8)
-        sizes = balance_by_time(k, model, sample, timeout=0.5, device=torch.device("cpu"))
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        found = []
+        for k in stage_counts:
+            model = mlp.build_model()
+            sample, _ = mlp.sample_batch(batch)
+            found.append(
+                (k, balance_by_time(k, model, sample, timeout=0.5, device=torch.device("cpu")))
+            )
+    finally:
+        torch.set_num_threads(old_threads)
+    for k, sizes in found:
         bounds = _sizes_to_bounds(list(sizes))
         best = best_bottleneck(costs, k)
         rows.append(
@@ -178,6 +193,8 @@ def balance_by_time_rows(stage_counts: list[int]) -> list[dict[str, Any]]:
                 "mlp",
                 k,
                 same_as_pipeplan=None,
+                threads=threads,
+                microbatch_size=batch,
                 peer_bottleneck_ms=round(bottleneck(costs, bounds), 3),
                 ours_bottleneck_ms=None,
                 best_bottleneck_ms=round(best, 3),

@@ -13,8 +13,13 @@ Every per-layer cost here comes from formulas, not from a profiler:
 Models (Brown et al. 2020, table 2.1): 1.3B, 6.7B, 13B, 175B; sequence 2048, vocabulary
 50257. Clusters: DGX-H100-like hosts (8 GPUs on a 450 GB/s NVSwitch, one 400 Gbit/s
 InfiniBand NIC per GPU, as ``topologies/two-node-ib.yaml``) with 64 to 1024 GPUs. Global
-batch 512 sequences (1M tokens). Reported: how long ``solve`` takes and how far its
-simulated plan is from the lower bound, as the model and the cluster grow.
+batch 512 sequences (1M tokens). Reported: how long ``solve`` takes (as ``pipeplan solve``
+runs it, the tuned peers of ``planner.partition.peers`` included), how far its simulated plan
+is from the global lower bound (every GPU busy with an equal share, no communication) and from
+the search's bound for the plan itself (its busiest GPU's compute + all-reduce + step, with
+the pipeline's fill and drain), and the best tuned peer (DeepSpeed, Megatron-LM,
+torch.distributed.pipelining, ... each at its best depth x data parallel, microbatch and
+schedule) against pipeplan's plan and against its search alone.
 
 175B runs on 64 GPUs only by default: its 64-stage plans with 512 microbatches make each
 simulation ~0.3 s and one solve ~1 minute on a 2-core CPU; ``--all`` adds 128-1024 GPUs
@@ -40,8 +45,9 @@ from typing import Any
 from svgplot import line_plot
 
 from planner.errors import InfeasibleError
+from planner.partition.bounds import search_bound_ms
 from planner.profile import Layer, LayerTiming, Measurement, Profile
-from planner.solve import SolveOptions, solve
+from planner.solve import solve
 from planner.topology import Topology, topology_from_dict
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -119,17 +125,22 @@ def measure(model: str, gpus: int) -> dict[str, Any]:
     row: dict[str, Any] = {"model": model, "gpus": gpus}
     start = time.perf_counter()
     try:
-        plan = solve(
-            profile,
-            topo,
-            global_batch=GLOBAL_BATCH,
-            time_limit=20.0,
-            options=SolveOptions(baselines=False),
-        )
+        plan = solve(profile, topo, global_batch=GLOBAL_BATCH, time_limit=20.0)
     except InfeasibleError as exc:
         row.update(solve_s=round(time.perf_counter() - start, 2), plan=f"infeasible: {exc}"[:80])
         return row
     it = plan.predicted["iteration_ms"]
+    bound = search_bound_ms(
+        profile,
+        topo,
+        plan.stages,
+        plan.schedule["name"],
+        plan.num_microbatches,
+        plan.microbatch_size,
+    )
+    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer" and b["feasible"]]
+    best = min(tuned, key=lambda b: b["iteration_ms"]) if tuned else None
+    alone = plan.solver["without_peers"]["iteration_ms"]
     row.update(
         solve_s=round(time.perf_counter() - start, 2),
         stages=len(plan.stages),
@@ -138,6 +149,10 @@ def measure(model: str, gpus: int) -> dict[str, Any]:
         microbatch=f"{plan.num_microbatches}x{plan.microbatch_size}",
         iteration_s=round(it / 1e3, 3),
         vs_lower_bound=round(it / plan.predicted["global_lower_bound_ms"], 3),
+        vs_plan_bound=round(it / bound, 3),
+        best_peer=None if best is None else f"{best['name']}: {best['configuration']}",
+        vs_best_peer=None if best is None else round(best["iteration_ms"] / it, 3),
+        search_alone=None if best is None else round(best["iteration_ms"] / alone, 3),
     )
     return row
 
@@ -177,7 +192,10 @@ def main() -> None:
     gpus = [64] if args.quick else GPUS
     rows = []
     print("DERIVED, NOT MEASURED: analytic GPT-3 per-layer costs on simulated H100 clusters")
-    print(f"{'model':<10} {'GPUs':>5} {'solve s':>8} {'plan':<28} {'iter s':>7} {'vs LB':>6}")
+    print(
+        f"{'model':<10} {'GPUs':>5} {'solve s':>8} {'plan':<28} {'iter s':>7} {'vs LB':>6} "
+        f"{'vs peer':>7} {'alone':>6}"
+    )
     for model in models:
         for n in gpus:
             if model == "gpt3-175b" and n > 64 and not args.all:
@@ -191,7 +209,8 @@ def main() -> None:
             )
             print(
                 f"{model:<10} {n:>5} {r['solve_s']:>8.2f} {plan:<28} "
-                f"{r.get('iteration_s', '-')!s:>7} {r.get('vs_lower_bound', '-')!s:>6}",
+                f"{r.get('iteration_s', '-')!s:>7} {r.get('vs_lower_bound', '-')!s:>6} "
+                f"{r.get('vs_best_peer', '-')!s:>7} {r.get('search_alone', '-')!s:>6}",
                 flush=True,
             )
     RESULTS.mkdir(parents=True, exist_ok=True)

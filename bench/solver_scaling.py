@@ -3,8 +3,9 @@
 Synthetic transformer-like chains (uneven layer times between 1 and 4 ms, 100 MiB of weights
 per layer, 8 MiB activations; built with planner.profile's dataclasses, not measured) are
 solved by ``planner.solve.solve`` (the whole search: DP candidates for every number of
-stages and replication degree, simulator, local search, schedules; baselines off) on two
-kinds of machine:
+stages and replication degree, the depth x replication grid, simulator, local search,
+schedules, then the tuned peers of ``planner.partition.peers`` and their plans as seeds: what
+``pipeplan solve`` does by default) on two kinds of machine:
 
 - ``one-switch``: ``uniform_topology(n)``, every GPU on one 50 GB/s switch;
 - ``ib-cluster``: hosts of 8 GPUs on a 450 GB/s NVSwitch, one 400 Gbit/s InfiniBand NIC
@@ -12,8 +13,13 @@ kinds of machine:
   GPUs: one host).
 
 The global batch is 2 samples per device. Reported: wall seconds of ``solve``, the plan's
-stages, predicted iteration time against the lower bound. Plot: solve seconds against
-layers for each device count, log axes (``bench/results/solver_scaling.svg``).
+stages, predicted iteration time against the global lower bound (every device busy with an
+equal share of the work, no communication) and against the search's bound for the plan
+itself (its busiest device's compute + all-reduce + step, with the pipeline's fill and drain:
+``planner.partition.bounds``), the best tuned peer (name and configuration) and its time over
+pipeplan's, for the final plan and for the search alone (before the peers' plans join).
+Plot: solve seconds against layers for each device count, log axes
+(``bench/results/solver_scaling.svg``).
 
 Run::
 
@@ -35,8 +41,9 @@ from typing import Any
 from svgplot import line_plot
 
 from planner.errors import InfeasibleError
+from planner.partition.bounds import search_bound_ms
 from planner.profile import Layer, LayerTiming, Measurement, Profile
-from planner.solve import SolveOptions, solve
+from planner.solve import solve
 from planner.topology import Topology, topology_from_dict, uniform_topology
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -88,25 +95,38 @@ def measure(layers: int, devices: int, kind: str) -> dict[str, Any]:
     start = time.perf_counter()
     row: dict[str, Any] = {"layers": layers, "devices": devices, "topology": kind}
     try:
-        plan = solve(
-            profile,
-            topo,
-            global_batch=2 * devices,
-            time_limit=10.0,
-            options=SolveOptions(baselines=False),
-        )
+        plan = solve(profile, topo, global_batch=2 * devices, time_limit=10.0)
     except InfeasibleError:  # 400 x 100 MiB on 2 GPUs: proving that nothing fits is timed too
         row.update(seconds=round(time.perf_counter() - start, 3), stages=None)
         return row
     seconds = time.perf_counter() - start
+    return {**row, "seconds": round(seconds, 3), **plan_summary(profile, topo, plan)}
+
+
+def plan_summary(profile: Profile, topo: Topology, plan: Any) -> dict[str, Any]:
+    """Stages, schedule, bounds and the best tuned peer of a solved plan."""
     it = plan.predicted["iteration_ms"]
+    bound = search_bound_ms(
+        profile,
+        topo,
+        plan.stages,
+        plan.schedule["name"],
+        plan.num_microbatches,
+        plan.microbatch_size,
+    )
+    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer" and b["feasible"]]
+    best = min(tuned, key=lambda b: b["iteration_ms"]) if tuned else None
+    alone = plan.solver["without_peers"]["iteration_ms"]
     return {
-        **row,
-        "seconds": round(seconds, 3),
         "stages": len(plan.stages),
+        "replicas": len(plan.stages[0].devices),
         "schedule": plan.schedule["name"],
-        "iteration_ms": round(it, 2),
         "vs_lower_bound": round(it / plan.predicted["global_lower_bound_ms"], 3),
+        "vs_plan_bound": round(it / bound, 3),
+        "best_peer": None if best is None else f"{best['name']}: {best['configuration']}",
+        "vs_best_peer": None if best is None else round(best["iteration_ms"] / it, 3),
+        "search_alone": None if best is None else round(best["iteration_ms"] / alone, 3),
+        "iteration_ms": round(it, 2),
         "simulations": plan.solver.get("simulations"),
     }
 
@@ -144,14 +164,18 @@ def main() -> None:
     layers = QUICK_LAYERS if args.quick else LAYERS
     devices = QUICK_DEVICES if args.quick else DEVICES
     rows = []
-    print(f"{'layers':>6} {'GPUs':>5} {'topology':>10} {'solve s':>8} {'stages':>6} {'vs LB':>6}")
+    print(
+        f"{'layers':>6} {'GPUs':>5} {'topology':>10} {'solve s':>8} {'stages':>6} {'vs LB':>6} "
+        f"{'vs peer':>7} {'alone':>6}"
+    )
     for kind in ("one-switch", "ib-cluster"):
         for n in devices:
             for L in layers:
                 r = measure(L, n, kind)
                 rows.append(r)
                 tail = (
-                    f"{r['stages']:>6} {r['vs_lower_bound']:>6.2f}"
+                    f"{r['stages']:>6} {r['vs_lower_bound']:>6.2f} {r['vs_best_peer']!s:>7} "
+                    f"{r['search_alone']!s:>6}"
                     if r["stages"]
                     else "  does not fit"
                 )
@@ -160,7 +184,13 @@ def main() -> None:
     plot(rows, RESULTS / "solver_scaling.svg")
     payload = {
         "benchmark": "solver_scaling",
-        "note": "Synthetic chain profiles (derived, not measured); solve with baselines off.",
+        "note": (
+            "Synthetic chain profiles (derived, not measured); solve as `pipeplan solve` runs "
+            "it (tuned peers included). vs_lower_bound: plan / global bound (equal shares, no "
+            "communication); vs_plan_bound: plan / the search's bound for the plan itself "
+            "(busiest device's compute + all-reduce + step, fill and drain); vs_best_peer and "
+            "search_alone: best tuned peer / pipeplan, final plan and search alone."
+        ),
         "machine": f"{os.cpu_count()} CPU cores, Python {platform.python_version()}",
         "load_average_1min": os.getloadavg()[0],
         "rows": rows,

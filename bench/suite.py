@@ -6,7 +6,8 @@ report in which every table names the command that produced it, the machine and 
 
 - ``python -m bench`` (full): the scripts run in place, so ``bench/results/*.json`` are
   refreshed, and the generated part of ``docs/benchmarks.md`` (between the two markers
-  below, at the top) is rewritten; hand-written sections below the markers are kept.
+  below, at the top) is rewritten; the notes below the markers (how to read each table) are
+  kept.
 - ``python -m bench --quick``: each script's ``--quick`` (a shrunken run) in a shadow copy
   of the tree under ``--out`` (default ``out/bench-quick/``), so neither ``bench/results``
   nor ``docs/`` changes; exits 1 if any benchmark fails or times out. This is what CI runs.
@@ -163,6 +164,13 @@ REGISTRY: tuple[Benchmark, ...] = (
         "Runtime: predicted against measured",
         timeout_s=600,
         quick_timeout_s=90,
+    ),
+    Benchmark(
+        "peer_runs",
+        "peer_runs.py",
+        "Measured: pipeplan's plan against the best tuned peer's, both run",
+        timeout_s=900,
+        quick_timeout_s=120,
     ),
     Benchmark(
         "models",
@@ -444,7 +452,7 @@ def render_report(
         f"Produced by `{command}` on {machine['cpu']} ({machine['cores']} cores, "
         f"{machine['platform']}), torch {machine['torch']}, Python {machine['python']}; "
         f"{len(outcomes)} benchmarks in {total:.0f} s. Regenerate with `python -m bench`; "
-        "the hand-written sections below the end marker explain the numbers.",
+        "the notes below the end marker say how to read each table.",
         "",
         "| benchmark | command | status | seconds |",
         "|---|---|---|---|",

@@ -55,6 +55,7 @@ from planner.partition.mapping import (
     slots_along,
     uniform_network,
 )
+from planner.partition.peers import PeerBest
 from planner.plan import Plan, StageSpec
 from planner.profile.schema import Profile, as_profile
 from planner.topology import as_topology
@@ -80,10 +81,12 @@ _ILP_MAX_DEVICES = 32
 _ILP_MAX_CELLS = 48 * 32
 # Stage counts tried by per-count DPs (where one backward DP cannot answer them all).
 _MAX_FRONT_DPS = 8
-# Plans re-cut into interleaved chunks when the user asks for that schedule.
+# Plans re-cut into interleaved chunks, and the chunks per device tried.
 _INTERLEAVED_SEEDS = 6
-# Plans the local search starts from.
+_VIRTUAL = (2, 3, 4)
+# Plans the local search starts from, and the fewest simulations it gets from the best.
 _LOCAL_STARTS = 3
+_LOCAL_FLOOR = 24
 
 StageKey = tuple[tuple[int, int], tuple[str, ...], bool]
 
@@ -222,16 +225,21 @@ def _with_recompute(cand: Candidate, flags: Sequence[bool]) -> Candidate:
     )
 
 
-def _in_flight(schedule: str, num_stages: int, stage: int, m: int, virtual: int = 1) -> int:
-    """Microbatches stage ``stage`` of ``num_stages`` keeps stashed (per chunk when
-    interleaved: the device's count spread over its ``virtual`` chunks)."""
+def _in_flight(
+    schedule: str, num_stages: int, stage: int, m: int, virtual: int = 1, rounds: int = 1
+) -> int:
+    """Microbatches stage ``stage`` of ``num_stages`` keeps stashed over its replicas (per
+    chunk when interleaved: the device's count spread over its ``virtual`` chunks);
+    ``rounds`` as :func:`planner.schedule.replicas.replica_round` gives it."""
     from planner.schedule import in_flight_microbatches
 
     if virtual > 1:
         p = num_stages // virtual
-        total = in_flight_microbatches(schedule, p, stage % p, m, virtual_stages=virtual)
+        total = in_flight_microbatches(
+            schedule, p, stage % p, m, virtual_stages=virtual, rounds=rounds
+        )
         return -(-int(total) // virtual)
-    return int(in_flight_microbatches(schedule, num_stages, stage, m))
+    return int(in_flight_microbatches(schedule, num_stages, stage, m, rounds=rounds))
 
 
 def _weight_versions(schedule: str) -> int:
@@ -249,11 +257,14 @@ def _fix_recompute(
     virtual: int = 1,
 ) -> tuple[bool, ...]:
     """Recompute exactly the stages whose activations do not fit (recompute is never faster)."""
+    from planner.schedule.replicas import replica_round
+
     s = len(ranges)
+    rounds = replica_round([len(d) for d in devices], m)
     flags = []
     for k, ((a, b), devs) in enumerate(zip(ranges, devices, strict=True)):
         limit = min(topology.device(d).memory_bytes for d in devs) / virtual
-        held = -(-_in_flight(schedule, s, k, m, virtual) // len(devs))
+        held = -(-_in_flight(schedule, s, k, m, virtual, rounds) // len(devs))
         mem = stage_memory_bytes(
             profile, a, b, mb, held, weight_versions=_weight_versions(schedule)
         )
@@ -431,11 +442,13 @@ class _DpCand:
     recompute: tuple[bool, ...]
 
 
-def _depth_only(schedule: str, top: int, m: int) -> list[int] | None:
+def _depth_only(schedule: str, top: int, m: int, rounds: int = 1) -> list[int] | None:
     """The in-flight count by distance from the last stage, if that is all it depends on."""
-    from_end = [_in_flight(schedule, top, top - 1 - q, m) for q in range(top)]
+    from_end = [_in_flight(schedule, top, top - 1 - q, m, rounds=rounds) for q in range(top)]
     for s in range(1, top):
-        if any(_in_flight(schedule, s, s - 1 - q, m) != from_end[q] for q in range(s)):
+        if any(
+            _in_flight(schedule, s, s - 1 - q, m, rounds=rounds) != from_end[q] for q in range(s)
+        ):
             return None
     return from_end
 
@@ -453,7 +466,10 @@ def _dp_partitions(
     wv = _weight_versions(schedule)
     kind = [(sl.speed, sl.memory_bytes, sl.replicas, sl.allreduce) for sl in slots]
     same = all(k == kind[0] for k in kind) and all(lk == links[0] for lk in links)
-    from_end = _depth_only(schedule, min(len(slots), n), m) if same else None
+    from planner.schedule.replicas import replica_round
+
+    rounds = replica_round([sl.replicas for sl in slots], m)
+    from_end = _depth_only(schedule, min(len(slots), n), m, rounds) if same else None
     if from_end is not None:
         # Identical slots and links: one backward DP answers every number of stages.
         parts = partition_chain_depths(
@@ -476,7 +492,7 @@ def _dp_partitions(
         step = len(counts) / limit
         counts = sorted({counts[int(i * step)] for i in range(limit)} | {counts[-1]})
     for s in counts:
-        in_flight = [_in_flight(schedule, s, k, m) for k in range(s)]
+        in_flight = [_in_flight(schedule, s, k, m, rounds=rounds) for k in range(s)]
         part = partition_chain(
             costs,
             slots[:s],
@@ -520,6 +536,93 @@ def _dp_candidates(
     return sorted(found.values(), key=lambda c: (c.estimate, c.ranges, c.groups))
 
 
+def _grid_shapes(
+    search: _Search, cands: Sequence[_DpCand], schedule: str, mb: int, m: int
+) -> list[Candidate]:
+    """The sweep a practitioner runs, with the DP's partitions: for every pipeline depth
+    ``d`` and ``N / d`` replicas per stage that use all ``N`` devices, the DP's best
+    estimate over the device orderings tried, and its compute-only split (:func:`_recut`)."""
+    total = len(search.topology.devices)
+    seen: set[tuple[int, int]] = set()
+    out: list[Candidate] = []
+    for c in cands:  # best estimate first
+        shape = (len(c.groups), len(c.groups[0]))
+        if shape[0] * shape[1] != total or shape in seen:
+            continue
+        if any(len(g) != shape[1] for g in c.groups):
+            continue
+        seen.add(shape)
+        out.append(_make(search, c.ranges, c.groups, schedule, mb, m, recompute=c.recompute))
+        out.extend(_recut(search, c.groups, schedule, mb, m, full=False))
+    return out
+
+
+def _grid_interleaved(
+    search: _Search, grid: Sequence[Candidate], scored: Sequence[Scored]
+) -> list[Candidate]:
+    """Interleaved re-cuts of the grid's 1F1B pipelines whose busiest device (compute,
+    all-reduce, step) could still beat the best plan found, the most promising
+    :data:`_INTERLEAVED_SEEDS` first: by the busy time plus the fill and drain
+    (:func:`planner.partition.bounds.pipeline_bound_ms`) shrunk by the most chunks per
+    device the layers allow, as interleaving shrinks it."""
+    from planner.partition.bounds import busy_bound_ms, pipeline_bound_ms
+
+    best = min((x.per_sample_ms for x in scored if x.fits), default=math.inf)
+    n = search.profile.num_layers
+    ranked = []
+    for i, c in enumerate(grid):
+        p = len(c.stages)
+        if c.schedule != "1f1b" or p < 2 or n < 2 * p:
+            continue
+        args = (search.profile, search.topology, c.specs(), c.num_microbatches, c.microbatch_size)
+        busy = busy_bound_ms(*args)
+        if busy / c.samples >= best:
+            continue
+        v = max(x for x in _VIRTUAL if x * p <= n)
+        drain = max(pipeline_bound_ms(*args) - busy, 0.0)
+        ranked.append(((busy + drain / v) / c.samples, i, c))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    scale = len(search.topology.devices) * max((c.num_microbatches for c in grid), default=1)
+    count = _INTERLEAVED_SEEDS if scale <= 2048 else _INTERLEAVED_SEEDS // 2
+    out: list[Candidate] = []
+    for _, _, c in ranked[:count]:
+        out.extend(_interleaved(search, c))
+    return out
+
+
+def _by_bound(
+    search: _Search, cands: Sequence[Candidate], scored: Sequence[Scored], origin: str
+) -> list[Scored]:
+    """Simulate ``cands`` in the order of a lower bound of their time per sample
+    (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
+    best plan found so far; the rest cannot, so leaving them out loses nothing."""
+    from planner.partition.bounds import search_bound_ms
+
+    fitting = [x.per_sample_ms for x in scored if x.fits]
+    best = min(fitting, default=math.inf)
+    ranked = []
+    for i, c in enumerate(dict.fromkeys(cands)):
+        bound = search_bound_ms(
+            search.profile,
+            search.topology,
+            c.specs(),
+            c.schedule,
+            c.num_microbatches,
+            c.microbatch_size,
+        )
+        ranked.append((bound / c.samples, i, c))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    out = []
+    for bound, _, c in ranked:
+        if bound >= best:
+            break
+        got = search.evaluate(c, origin)
+        out.append(got)
+        if got.fits:
+            best = min(best, got.per_sample_ms)
+    return out
+
+
 def _ilp_candidate(
     search: _Search,
     costs: LayerCosts,
@@ -558,32 +661,12 @@ def _ilp_candidate(
     return res.ranges, res.devices, res.recompute
 
 
-def _pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
-    """PipeDream's machine hierarchy read off the topology: GPUs per host, then hosts."""
-    hosts = list(topology.hosts().values())
-    names = topology.device_names()
-
-    def narrowest(pairs: list[tuple[str, str]]) -> float:
-        return min((topology.bandwidth(a, b) for a, b in pairs), default=math.inf)
-
-    if len(hosts) > 1 and len({len(h) for h in hosts}) == 1:
-        inside = [(a, b) for h in hosts for a, b in itertools.combinations(h, 2)]
-        across = [(h[0], g[0]) for h, g in itertools.combinations(hosts, 2)]
-        levels = []
-        if len(hosts[0]) > 1:
-            levels.append((len(hosts[0]), narrowest(inside)))
-        levels.append((len(hosts), narrowest(across)))
-        return levels
-    bw = narrowest(list(itertools.combinations(names, 2)))
-    return [(len(names), bw if math.isfinite(bw) else 1e12)]
-
-
 def baseline_partitions(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int]]]:
-    """``(name, ranges, replicas per stage)`` of every baseline, for ``min(layers, devices)``
-    stages (PipeDream chooses its own stages and replicas). Baselines whose own algorithm
-    gives no partition here are left out; :func:`baseline_outcomes` says why.
+    """``(name, ranges, replicas per stage)`` of every peer default, for ``min(layers,
+    devices)`` stages (PipeDream chooses its own stages and replicas). Those whose own
+    algorithm gives no partition here are left out; :func:`baseline_outcomes` says why.
 
     Example::
 
@@ -599,37 +682,16 @@ def baseline_partitions(
 def baseline_outcomes(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int], str | None]]:
-    """Every baseline as ``(name, ranges, replicas, reason)``: ``ranges`` is empty and
-    ``reason`` says why where the baseline's algorithm itself fails (torchgpipe's block
-    partition on zero-time layers, PipeDream's memory constraint), else ``reason`` is None.
+    """Every peer default as ``(name, ranges, replicas, reason)``
+    (:func:`planner.partition.peers.default_outcomes`).
 
     Example::
 
         for name, ranges, replicas, reason in baseline_outcomes(profile, topology, 4): ...
     """
-    from planner.partition import baselines as bl
+    from planner.partition.peers import default_outcomes
 
-    n = profile.num_layers
-    s = min(n, len(topology.devices))
-    out: list[tuple[str, list[tuple[int, int]], list[int], str | None]] = [
-        ("uniform", list(bl.uniform_partition(n, s)), [1] * s, None),
-        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s, None),
-    ]
-    try:
-        timed = list(bl.time_balanced_partition(profile, microbatch_size, s))
-        out.append(("time-balanced", timed, [1] * s, None))
-    except InputError as exc:
-        out.append(("time-balanced", [], [], str(exc)))
-    try:
-        stages = bl.pipedream_partition(profile, microbatch_size, _pipedream_levels(topology))
-    except InputError as exc:
-        out.append(("pipedream", [], [], str(exc)))
-    else:
-        if stages:
-            out.append(
-                ("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None)
-            )
-    return out
+    return default_outcomes(profile, topology, microbatch_size)
 
 
 def _baseline_candidates(
@@ -654,6 +716,132 @@ def _baseline_candidates(
             continue
         out.append((label, _make(search, ranges, groups, schedule, mb, m)))
     return out
+
+
+# ---------------------------------------------------------------------------------- peers
+
+
+@dataclass
+class _PeerReport:
+    """The tuned peers (their best configurations) and the peer defaults, simulated."""
+
+    tuned: list[PeerBest]
+    defaults: dict[str, Scored]
+    failed: dict[str, str]  # defaults whose own algorithm gives no partition
+
+
+def _peer_report(
+    search: _Search, settings: Sequence[tuple[int, int]], schedule: str
+) -> _PeerReport:
+    """Each peer tuned over its sweep (with the user's schedule where one is given), and the
+    peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
+    the requested schedule, recompute where memory needs it, the best microbatch size."""
+    from planner.partition.peers import PeerConfig, PeerJudge, tune_peers
+
+    override = None if schedule == "auto" else (schedule,)
+
+    def simulate_peer(config: PeerConfig) -> tuple[float, bool]:
+        # Through the search's own cache: a shape both simulate is simulated once.
+        stages = tuple((r, devs, config.recompute) for r, devs in config.stages)
+        cand = Candidate(
+            stages,
+            config.schedule,
+            config.microbatch_size,
+            config.num_microbatches,
+            config.virtual_stages,
+        )
+        got = search._simulate(cand, f"peer {config.peer}")
+        return got.iteration_ms, got.fits
+
+    judge = PeerJudge(search.profile, search.topology, simulator=simulate_peer)
+    tuned = tune_peers(search.profile, search.topology, settings, schedules=override, judge=judge)
+    base_sched = "1f1b" if schedule in ("auto", "interleaved") else schedule
+    defaults: dict[str, Scored] = {}
+    failed: dict[str, str] = {}
+    for mb, m in settings:
+        for label, cand in _baseline_candidates(search, base_sched, mb, m):
+            if isinstance(cand, str):
+                failed.setdefault(label, cand)
+                continue
+            got = search.evaluate(cand, f"peer default {label}")
+            if label not in defaults or got.key() < defaults[label].key():
+                defaults[label] = got
+    return _PeerReport(tuned, defaults, failed)
+
+
+def _seeded_by_peers(
+    search: _Search, peers: _PeerReport, own: Sequence[Scored], schedules: Sequence[str]
+) -> list[Scored]:
+    """The peers' best plans as candidates (never worse than a configuration a peer's
+    user would pick); where one beats the search's own, local search improves it."""
+    seeds = list(peers.defaults.values())
+    for best in peers.tuned:
+        if best.best is None or not best.feasible:
+            continue
+        c = best.best.config
+        stages = tuple((r, devs, c.recompute) for r, devs in c.stages)
+        m, v = c.num_microbatches, c.virtual_stages
+        cand = Candidate(stages, c.schedule, c.microbatch_size, m, v)
+        seeds.append(search.evaluate(cand, f"peer {best.peer}"))
+    seeds = [x for x in seeds if x.cand.schedule in schedules and x.fits]
+    mine = [x for x in own if x.fits]
+    if not seeds:
+        return []
+    top = min(seeds, key=Scored.key)
+    if mine and min(mine, key=Scored.key).key()[:3] <= top.key()[:3]:
+        return seeds
+    search.methods.append("peer seed")
+    budget = _local_budget(search.options.local_search_evals, top)
+    return [*seeds, _local_search(search, top, budget)]
+
+
+def _peer_rows(peers: _PeerReport | None, samples: int) -> list[dict[str, Any]]:
+    """The plan's ``baselines``: each tuned peer's best configuration, then the peer
+    defaults; times scaled to the plan's samples per iteration (like for like)."""
+    if peers is None:
+        return []
+    rows: list[dict[str, Any]] = []
+    for best in peers.tuned:
+        row: dict[str, Any] = {"name": best.peer, "kind": "tuned peer"}
+        if best.best is None or not best.feasible:
+            row.update(iteration_ms=None, feasible=False, reason=best.describe())
+        else:
+            c = best.best.config
+            row.update(
+                iteration_ms=best.per_sample_ms * samples,
+                feasible=True,
+                configuration=c.describe(),
+                partition=c.partition,
+                depth=c.depth,
+                data_parallel=c.data_parallel,
+                microbatch_size=c.microbatch_size,
+                num_microbatches=c.num_microbatches,
+                schedule=c.schedule,
+                virtual_stages=c.virtual_stages,
+                recompute=c.recompute,
+            )
+        row.update(configurations=best.configurations, simulations=best.simulations)
+        rows.append(row)
+    failed = {k: v for k, v in peers.failed.items() if k not in peers.defaults}
+    for label in sorted([*peers.defaults, *failed]):
+        name = f"{label} (peer default)"
+        if label not in peers.defaults:
+            # The peer's own algorithm gives no partition (e.g. torchgpipe on zero-time
+            # layers): an infeasible row that says why, rather than a failed solve.
+            rows.append(
+                {
+                    "name": name,
+                    "kind": "peer default",
+                    "iteration_ms": None,
+                    "feasible": False,
+                    "reason": failed[label],
+                }
+            )
+            continue
+        b = peers.defaults[label]
+        ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None
+        rows.append({"name": name, "kind": "peer default", "iteration_ms": ms, "feasible": b.fits})
+    return rows
 
 
 # --------------------------------------------------------------------------- local search
@@ -800,42 +988,83 @@ def _lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> fl
     return m * (f + b) / total_speed
 
 
-def _interleaved(search: _Search, best: Scored) -> list[Candidate]:
-    """Interleaved versions (2 virtual stages per device) of a one-device-per-stage plan."""
-    c = best.cand
-    if any(len(d) != 1 for _, d, _ in c.stages) or c.virtual_stages > 1:
+def _interleaved(search: _Search, c: Candidate) -> list[Candidate]:
+    """Interleaved versions of a plan whose stages have equally many replicas: its stages'
+    device groups in order, each holding ``v`` chunks (``v`` in :data:`_VIRTUAL`), the
+    layers re-cut by the DP over the ``v * p`` chunks (with its all-reduce term and
+    without it: see :func:`_recut`)."""
+    sizes = {len(d) for _, d, _ in c.stages}
+    if len(sizes) != 1 or c.virtual_stages > 1:
         return []
+    (r,) = sizes
     p = len(c.stages)
     n = search.profile.num_layers
-    if p < 2 or n < 2 * p or c.num_microbatches % p:
+    m = c.num_microbatches
+    if p < 2 or m % p or (m // r) % p:
         return []
-    costs = layer_costs(search.profile, c.microbatch_size)
-    devices = [d[0] for _, d, _ in c.stages]
-    slots = slots_along(search.topology, devices * 2, replicas=1)
-    slots = [type(sl)(sl.devices, sl.speed, sl.memory_bytes / 2, sl.allreduce) for sl in slots]
-    in_flight = [_in_flight("interleaved", 2 * p, k, c.num_microbatches, 2) for k in range(2 * p)]
-    part = partition_chain(
-        costs,
-        slots,
-        in_flight=in_flight,
-        num_microbatches=c.num_microbatches,
-        links=links_between(search.topology, slots),
-    )
-    if part is None:
-        return []
-    groups = [sl.devices for sl in slots]
-    return [
-        _make(
-            search,
-            part.ranges,
-            groups,
-            "interleaved",
-            c.microbatch_size,
-            c.num_microbatches,
-            recompute=part.recompute,
-            virtual=2,
-        )
+    groups = [d for _, d, _ in c.stages]
+    out = []
+    for v in _VIRTUAL:
+        if n < v * p:
+            break
+        out.extend(_recut(search, groups * v, "interleaved", c.microbatch_size, m, v))
+    return out
+
+
+def _recut(
+    search: _Search,
+    groups: Sequence[tuple[str, ...]],
+    schedule: str,
+    mb: int,
+    m: int,
+    virtual: int = 1,
+    *,
+    full: bool = True,
+) -> list[Candidate]:
+    """The DP's partitions of all layers over these stage groups (``virtual`` chunks per
+    group), twice: with the DP's full model (compute, a per-microbatch share of each
+    stage's all-reduce, the transfer to the next group), and with compute alone. In the
+    simulator a stage's all-reduce runs once, after its last backward, so it adds to the
+    drain rather than to every microbatch, and the replicas' transfers run side by side
+    and overlap compute; on many replicas the full model skews the split towards cheap
+    all-reduces and cuts, which the compute-only split does not. ``full=False``: only the
+    compute-only split (the caller has the other). Plus the equal-layer split."""
+    r = len(groups[0])
+    path = [d for g in groups for d in g]
+    slots = slots_along(search.topology, path, replicas=r)
+    slots = [
+        type(sl)(sl.devices, sl.speed, sl.memory_bytes / virtual, sl.allreduce) for sl in slots
     ]
+    bare = [type(sl)(sl.devices, sl.speed, sl.memory_bytes) for sl in slots]
+    variants = [slots, bare] if full else [bare]
+    k = len(slots)
+    in_flight = [_in_flight(schedule, k, i, m, virtual, r) for i in range(k)]
+    costs = layer_costs(search.profile, mb)
+    out: list[Candidate] = []
+    if len(slots) <= search.profile.num_layers:
+        # Equal layer counts: on uniform layers the DP's ties (where the light chunks go)
+        # matter to the schedule, and the even split is a tie the DP may not pick.
+        from planner.partition.baselines import uniform_partition
+
+        even = uniform_partition(search.profile.num_layers, len(slots))
+        out.append(_make(search, even, groups, schedule, mb, m, virtual=virtual))
+    for variant in variants:
+        part = partition_chain(
+            costs,
+            variant,
+            in_flight=in_flight,
+            num_microbatches=m,
+            links=links_between(search.topology, variant) if variant is slots else None,
+            weight_versions=_weight_versions(schedule),
+        )
+        if part is None:
+            continue
+        cand = _make(
+            search, part.ranges, groups, schedule, mb, m, recompute=part.recompute, virtual=virtual
+        )
+        if cand not in out:
+            out.append(cand)
+    return out
 
 
 def _size(nbytes: float) -> str:
@@ -944,38 +1173,57 @@ def solve(
     settings = _batch_settings(profile, global_batch, microbatches, len(topology.devices))
     schedules = list(_AUTO) if schedule == "auto" else [schedule]
     search = _Search(profile, topology, opts, time_limit)
+    own = _own_search(search, settings, schedules, clock)
+    final = [x for x in own if x.cand.schedule in schedules]
+    peers: _PeerReport | None = None
+    if opts.baselines:
+        peers = _peer_report(search, settings, schedule)
+        final.extend(_seeded_by_peers(search, peers, final, schedules))
+    if not final or not min(final, key=Scored.key).fits:
+        if not any(x.fits for x in own):
+            raise _infeasible(profile, topology, settings)
+        raise InfeasibleError(
+            f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
+            "with at least 2 layers per device and a number of microbatches that is a "
+            "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
+            field="--schedule",
+        )
+    best = min(final, key=Scored.key)
+    mine = [x for x in own if x.cand.schedule in schedules and x.fits]
+    return _to_plan(
+        search,
+        best,
+        peers,
+        profile_path,
+        topology_path,
+        time.perf_counter() - clock,
+        unseeded=min(mine, key=Scored.key) if mine else None,
+    )
+
+
+def _own_search(
+    search: _Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str], clock: float
+) -> list[Scored]:
+    """pipeplan's own search, without any peer plan in its pool: exhaustive on tiny
+    instances, else DP candidates, the ILP and local search; then every allowed schedule
+    on the winner and interleaved re-cuts of the best few."""
+    profile, topology, opts = search.profile, search.topology, search.options
     primary = [s for s in schedules if s != "interleaved"] or ["1f1b"]
     n = profile.num_layers
     names = topology.device_names()
     scored: list[Scored] = []
-    baseline_rows: dict[str, Scored] = {}
-    baseline_failed: dict[str, str] = {}  # baselines whose own algorithm gives no partition
     homogeneous = identical_devices(topology) and uniform_network(topology)
-
-    if opts.baselines:
-        base_sched = "1f1b" if schedule == "auto" else primary[0]
-        for mb, m in settings:
-            for sched in [base_sched]:
-                for label, cand in _baseline_candidates(search, sched, mb, m):
-                    if isinstance(cand, str):
-                        baseline_failed.setdefault(label, cand)
-                        continue
-                    got = search.evaluate(cand, f"baseline {label}")
-                    scored.append(got)
-                    prev = baseline_rows.get(label)
-                    if prev is None or got.key() < prev.key():
-                        baseline_rows[label] = got
-
     space = exhaustive_size(n, len(names)) * len(settings) * len(primary)
+    # Each simulation costs about devices x microbatches; big instances simulate fewer.
+    scale = len(names) * max(m for _, m in settings)
     if space <= opts.exhaustive_limit:
         search.methods.append("exhaustive")
         scored.extend(_exhaustive(search, primary, settings))
     else:
         search.methods.append("dp")
         paths = [names] if homogeneous else candidate_paths(topology)
-        # Each simulation costs about devices x microbatches; big instances simulate fewer.
-        scale = len(names) * max(m for _, m in settings)
         top = max(1, min(opts.top_candidates, opts.top_candidates * 2048 // scale))
+        grid: list[Candidate] = []
         for mb, m in settings:
             costs = layer_costs(profile, mb)
             for sched in primary:
@@ -983,12 +1231,17 @@ def solve(
                 for c in cands[:top]:
                     cand = _make(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                     scored.append(search.evaluate(cand, "dp"))
+                grid.extend(_grid_shapes(search, cands, sched, mb, m))
+        scored.extend(_by_bound(search, grid, scored, "grid"))
+        if "interleaved" in schedules:
+            chunked = _grid_interleaved(search, grid, scored)
+            scored.extend(_by_bound(search, chunked, scored, "grid interleaved"))
         use_ilp = opts.use_ilp
         if use_ilp is None:
             use_ilp = not homogeneous
         if use_ilp and scored:
             # The ILP gets what is left of the time limit (at least a tenth of it).
-            left = max(time_limit - (time.perf_counter() - clock), 0.1 * time_limit)
+            left = max(search.time_limit - (time.perf_counter() - clock), 0.1 * search.time_limit)
             from_ilp = _run_ilp(search, min(scored, key=Scored.key), primary, left)
             if from_ilp is not None:
                 scored.append(from_ilp)
@@ -999,34 +1252,18 @@ def solve(
         for rank, start in enumerate(starts):
             budget = _local_budget(opts.local_search_evals, start)
             scored.append(_local_search(search, start, budget if rank == 0 else budget // 6))
-
     if not scored or not min(scored, key=Scored.key).fits:
-        raise _infeasible(profile, topology, settings)
+        return scored
     best = min(scored, key=Scored.key)
     scored.extend(_other_schedules(search, best, schedules))
-    if schedule == "interleaved":
-        # Seeds were planned as 1F1B; re-cut the best few into 2 chunks per device.
-        seeds = sorted((x for x in scored if x.fits), key=Scored.key)[:_INTERLEAVED_SEEDS]
-        for seed in seeds:
-            scored.extend(search.evaluate(e, "interleaved") for e in _interleaved(search, seed))
-    final = [x for x in scored if x.cand.schedule in schedules]
-    if not final or not min(final, key=Scored.key).fits:
-        raise InfeasibleError(
-            f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
-            "with at least 2 layers per device and a number of microbatches that is a "
-            "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
-            field="--schedule",
-        )
-    best = min(final, key=Scored.key)
-    return _to_plan(
-        search,
-        best,
-        baseline_rows,
-        profile_path,
-        topology_path,
-        time.perf_counter() - clock,
-        failed=baseline_failed,
-    )
+    if "interleaved" in schedules:
+        # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
+        count = _INTERLEAVED_SEEDS if scale <= 2048 else 1
+        pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
+        for seed in _distinct_starts(pipelines, count):
+            extra = _interleaved(search, seed.cand)
+            scored.extend(search.evaluate(e, "interleaved") for e in extra)
+    return scored
 
 
 def _run_ilp(
@@ -1074,7 +1311,7 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
         if sched == c.schedule:
             continue
         if sched == "interleaved":
-            extra = _interleaved(search, best)
+            extra = _interleaved(search, c)
         else:
             ranges = [r for r, _, _ in c.stages]
             groups = [d for _, d, _ in c.stages]
@@ -1084,21 +1321,24 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
 
 
 def _local_budget(evals: int, best: Scored) -> int:
-    """Fewer local-search simulations for big pipelines (each one costs more)."""
+    """Fewer local-search simulations for big pipelines (each one costs more), but at least
+    :data:`_LOCAL_FLOOR`: moving a few cuts by a layer or two is what separates the DP's
+    estimate from the simulator's optimum on big interleaved and replicated plans."""
     c = best.cand
     size = sum(len(d) for _, d, _ in c.stages) * c.num_microbatches
-    return max(4, min(evals, int(evals * 128 / max(size, 1))))
+    floor = _LOCAL_FLOOR if len(c.stages) > 1 else 4  # one stage: no cut to move
+    return max(min(evals, floor), min(evals, int(evals * 128 / max(size, 1))))
 
 
 def _to_plan(
     search: _Search,
     best: Scored,
-    baselines: dict[str, Scored],
+    peers: _PeerReport | None,
     profile_path: str | None,
     topology_path: str | None,
     seconds: float,
     *,
-    failed: dict[str, str] | None = None,
+    unseeded: Scored | None = None,
 ) -> Plan:
     c = best.cand
     topo = search.topology
@@ -1133,20 +1373,18 @@ def _to_plan(
     steps = list(getattr(res, "step_ms", None) or [])
     if any(steps):  # as SimResult.predicted: present when the prediction has the step in it
         predicted["step_ms"] = [round(x, 6) for x in steps]
-    rows: list[dict[str, Any]] = []
-    failed = {k: v for k, v in (failed or {}).items() if k not in baselines}
-    for label in sorted([*baselines, *failed]):
-        if label in failed:
-            # The baseline's own algorithm gives no partition (e.g. torchgpipe on zero-time
-            # layers): an infeasible row that says why, rather than a failed solve.
-            rows.append(
-                {"name": label, "iteration_ms": None, "feasible": False, "reason": failed[label]}
-            )
-            continue
-        b = baselines[label]
-        # Scale to this plan's samples per iteration so the times compare like for like.
-        ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None
-        rows.append({"name": label, "iteration_ms": ms, "feasible": b.fits})
+    if unseeded is not None:
+        # What the search found on its own, before any peer plan joined the pool.
+        u = unseeded.cand
+        solver["without_peers"] = {
+            "iteration_ms": unseeded.per_sample_ms * samples,
+            "microbatch_size": u.microbatch_size,
+            "num_microbatches": u.num_microbatches,
+            "schedule": u.schedule,
+            "stages": [[list(r), list(d)] for r, d, _ in u.stages],
+            "origin": unseeded.origin,
+        }
+    rows = _peer_rows(peers, samples)
     schedule = res.schedule.to_dict() if res is not None else {"name": c.schedule}
     return Plan(
         profile=_file_ref(profile_path, search.profile.to_dict()),

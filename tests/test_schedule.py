@@ -240,3 +240,63 @@ def test_interleaved_in_flight_matches_the_simulated_peak(p: int, v: int, m: int
     for r in range(p):
         held = result.memory_bytes[f"d{r}"] // 64
         assert held == in_flight_microbatches("interleaved", p, r, m, virtual_stages=v)
+
+
+# --- replicated stages: one schedule per pipeline replica ----------------------------------
+
+
+def _replicated(p: int, r: int, per_stage: int = 1) -> list[StageSpec]:
+    return [
+        StageSpec(s, (s * per_stage, (s + 1) * per_stage - 1), [f"d{s}_{j}" for j in range(r)])
+        for s in range(p)
+    ]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize(("p", "r", "m"), [(2, 2, 8), (3, 2, 6), (4, 4, 16), (2, 3, 9)])
+def test_replicas_run_one_pipeline_each(name: str, p: int, r: int, m: int) -> None:
+    # r replicas of a p-stage pipeline over m microbatches take exactly as long as one
+    # pipeline over m / r (free communication, no all-reduce cost): DeepSpeed's and
+    # Megatron's data x pipeline parallelism, not one schedule dealt out round robin.
+    prof = synthetic_profile(p, forward_ms=F, backward_input_ms=BI, backward_weight_ms=BW)
+    replicated = simulate(prof, None, _replicated(p, r), name, m)
+    single = simulate(prof, None, _chain(p), name, m // r)
+    assert replicated.iteration_ms == single.iteration_ms
+    # Each device's compute order is the single pipeline's, on its own microbatches.
+    sched = build_schedule(name, _replicated(p, r), m)
+    alone = build_schedule(name, _chain(p), m // r)
+    for s in range(p):
+        for j in range(r):
+            mine = [(a.kind, a.microbatch) for a in sched.devices[f"d{s}_{j}"] if a.is_compute]
+            ref = [(a.kind, a.microbatch) for a in alone.devices[f"d{s}"] if a.is_compute]
+            assert mine == [(t, k * r + j) for t, k in ref]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize(("p", "r", "m"), [(3, 2, 8), (4, 2, 4), (2, 4, 8)])
+def test_replicated_in_flight_matches_the_simulated_peak(name: str, p: int, r: int, m: int) -> None:
+    saved = 64
+    prof = synthetic_profile(p, saved_bytes=saved, param_bytes=0, optimizer_state_bytes=0)
+    result = simulate(prof, None, _replicated(p, r), name, m)
+    for s in range(p):
+        total = in_flight_microbatches(name, p, s, m, rounds=r)
+        for j in range(r):
+            assert result.memory_bytes[f"d{s}_{j}"] // saved == total // r
+
+
+def test_replica_rounds_fall_back_where_the_count_does_not_divide() -> None:
+    from planner.schedule.replicas import per_replica_order, replica_round
+
+    assert replica_round([2, 2], 8) == 2 and replica_round([3, 1], 8) == 1
+    assert replica_round([2, 3], 12) == 6 and replica_round([1, 1], 8) == 1
+    assert per_replica_order({0: [("F", 0, 0), ("B", 0, 0)]}, 2)[0] == [
+        ("F", 0, 0),
+        ("F", 0, 1),
+        ("B", 0, 0),
+        ("B", 0, 1),
+    ]
+    # Unequal replica counts whose lcm divides M: every device still gets a valid order.
+    stages = [StageSpec(0, (0, 0), ["a", "b", "c"]), StageSpec(1, (1, 1), ["d"])]
+    for name in ("gpipe", "1f1b", "zb"):
+        validate_schedule(build_schedule(name, stages, 6), stages)
+        validate_schedule(build_schedule(name, stages, 7), stages)  # lcm 3 does not divide 7

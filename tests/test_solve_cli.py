@@ -53,10 +53,20 @@ def test_writes_plan_and_prints_summary(
     assert code == 0, err
     plan = Plan.load(out_path)
     assert plan.microbatch_size * plan.num_microbatches == 32
-    for word in ("Predicted iteration", "Lower bound", "Memory per device", "uniform", "pipedream"):
+    for word in (
+        "Predicted iteration",
+        "Lower bound",
+        "Memory per device",
+        "Peers at their best",
+        "search alone",
+        "DeepSpeed",
+        "uniform (peer default)",
+    ):
         assert word in out
     assert plan.profile["path"] == str(profile_path) and len(plan.profile["sha256"]) == 64
-    assert {b["name"] for b in plan.baselines} >= {"uniform", "parameter-balanced", "time-balanced"}
+    names = {b["name"] for b in plan.baselines}
+    assert names >= {"DeepSpeed", "torchgpipe", "Megatron-LM", "PipeDream", "data parallel"}
+    assert names >= {"uniform (peer default)", "parameter-balanced (peer default)"}
 
 
 def test_json_output(

@@ -183,8 +183,9 @@ def show_command(
     for b in plan.baselines:
         ms = b.get("iteration_ms")
         shown = f"{ms:.3f} ms" if isinstance(ms, int | float) else "-"
+        config = f" ({b['configuration']})" if b.get("configuration") else ""
         console.print(
-            f"  baseline {b.get('name')}: {shown}"
+            f"  baseline {b.get('name')}: {shown}{config}"
             + ("" if b.get("feasible", True) else " (does not fit)")
         )
     for done in written:

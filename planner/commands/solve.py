@@ -159,24 +159,54 @@ def print_plan(
         line += f"; ILP {ilp.get('status')}, gap {shown}, {ilp.get('seconds')} s"
     console.print(line)
 
-    if plan.baselines:
-        base = Table(title="Baselines (same profile, topology and batch, device order)")
+    _print_peers(console, plan)
+    if output is not None:
+        console.print(f"Wrote {output}")
+
+
+def _print_peers(console: Console, plan: Plan) -> None:
+    """The tuned peers (each at its best configuration), what the search found before
+    their plans joined its pool, and the peer defaults (one stage per device)."""
+    from rich.table import Table
+
+    it = plan.predicted.get("iteration_ms", 0.0)
+
+    def ratio(ms: float | None) -> str:
+        return f"{ms / it:.2f}x" if ms and it else "-"
+
+    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer"]
+    # Plans written before tuned peers existed have rows without a kind: peer defaults.
+    defaults = [b for b in plan.baselines if b.get("kind") != "tuned peer"]
+    alone = plan.solver.get("without_peers", {}).get("iteration_ms")
+    if tuned:
+        table = Table(title="Peers at their best (same profile, topology, batch and simulator)")
+        for col, justify in (("peer", "left"), ("best configuration", "left")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.add_column("iteration ms", justify="right")
+        table.add_column("vs pipeplan", justify="right")
+        table.add_row("pipeplan", "", f"{it:.3f}", "1.00x")
+        if isinstance(alone, int | float):
+            table.add_row("pipeplan, search alone", "(no peer seeds)", f"{alone:.3f}", ratio(alone))
+        for row in tuned:
+            ms = row.get("iteration_ms")
+            shown = f"{ms:.3f}" if ms is not None else "-"
+            what = row.get("configuration") or f"none: {row.get('reason', '')}"
+            table.add_row(row["name"], what, shown, ratio(ms))
+        console.print(table)
+    if defaults:
+        base = Table(title="Peer defaults (one stage per device, device order)")
         base.add_column("plan")
         base.add_column("iteration ms", justify="right")
         base.add_column("vs pipeplan", justify="right")
         base.add_column("fits")
-        base.add_row("pipeplan", f"{it:.3f}", "1.00x", "yes")
-        for row in plan.baselines:
+        for row in defaults:
             ms = row.get("iteration_ms")
-            ratio = f"{ms / it:.2f}x" if ms and it else "-"
             shown = f"{ms:.3f}" if ms is not None else "-"
             fits = "yes" if row.get("feasible") else "no"
             if row.get("reason"):
                 fits = f"no: {row['reason']}"
-            base.add_row(row["name"], shown, ratio, fits)
+            base.add_row(row["name"], shown, ratio(ms), fits)
         console.print(base)
-    if output is not None:
-        console.print(f"Wrote {output}")
 
 
 def register(app: typer.Typer) -> None:

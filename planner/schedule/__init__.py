@@ -19,6 +19,7 @@ from planner.schedule.expand import ComputeOp
 from planner.schedule.gpipe import gpipe_order
 from planner.schedule.interleaved import interleaved_order
 from planner.schedule.onef1b import onef1b_order
+from planner.schedule.replicas import per_replica_order, replica_round
 from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
 
@@ -178,13 +179,18 @@ def _validated_order(
     """Generate and validate a named order; cached because the solver simulates many
     partitions of the same shape (the order depends only on the devices, not the layers)."""
     p = len(groups)
+    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas).
+    rounds = 1 if name == "2bw" else replica_round([len(g) for g in groups], m)
+    if name == "interleaved" and v > 1 and (m // rounds) % (p // v):
+        rounds = 1
     if name == "interleaved":
-        order = onef1b_order(p, m) if v == 1 else interleaved_order(p // v, v, m)
+        base = onef1b_order(p, m // rounds) if v == 1 else interleaved_order(p // v, v, m // rounds)
+        order = per_replica_order(base, rounds)
     elif name == "2bw":
         order = onef1b_order(p, m, iterations=iterations)
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
-        order = _repeat(flushed[name](p, m), m, iterations)
+        order = _repeat(per_replica_order(flushed[name](p, m // rounds), rounds), m, iterations)
     from planner.stages import StageSpec
 
     shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
@@ -211,33 +217,45 @@ def in_flight_microbatches(
     num_microbatches: int,
     *,
     virtual_stages: int = 1,
+    rounds: int = 1,
 ) -> int:
-    """Microbatches whose activations a stage holds at its peak under a schedule.
+    """Microbatches whose activations a stage holds at its peak under a schedule, over
+    all its replicas.
 
     For ``interleaved`` ``num_stages`` is the number of devices ``p``, ``stage_index``
     the device rank, and the count is chunk-microbatches over all ``v`` chunks of that
     device (each chunk's activations are ``1/v`` of the device's share). ``optimized``
-    returns 1F1B's count, the depth its search starts from.
+    returns 1F1B's count, the depth its search starts from. ``rounds``: microbatches per
+    round where replicated stages run one schedule per replica
+    (:func:`planner.schedule.replicas.replica_round`): each replica then holds what one
+    pipeline over ``M / rounds`` microbatches holds.
 
     Example::
 
-        in_flight_microbatches("1f1b", 4, 0, 8)   # 4
+        in_flight_microbatches("1f1b", 4, 0, 8)             # 4
+        in_flight_microbatches("1f1b", 4, 0, 8, rounds=2)   # 8: 4 on each of 2 replicas
     """
     p, s, m = num_stages, stage_index, num_microbatches
-    if name == "gpipe":
-        return m
     if name == "2bw":
         # No flush: the next iteration's microbatches keep the pipeline full.
         return p - s
-    if name in ("1f1b", "optimized"):
+    if name == "optimized":
         return min(p - s, m)
+    r = rounds if rounds > 1 and m % rounds == 0 else 1
+    if name == "interleaved" and virtual_stages > 1 and (m // r) % p:
+        r = 1  # as build_schedule: the interleaved order needs M / rounds divisible by p
+    m //= r
+    if name == "gpipe":
+        return m * r
+    if name == "1f1b":
+        return min(p - s, m) * r
     if name == "zb":
-        return min(p, m)
+        return min(p, m) * r
     if name == "interleaved":
         v = virtual_stages
         if v == 1:
-            return min(p - s, m)
-        return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)
+            return min(p - s, m) * r
+        return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) * r
     raise InputError(
         f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
     )
