@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import colorsys
 import math
+from collections.abc import Sequence
 from html import escape
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.units import format_bytes
@@ -37,6 +39,7 @@ __all__ = [
     "render_html",
     "render_svg",
     "render_trace",
+    "write_pictures",
 ]
 
 # Below this the time axis labels overlap the chart and nothing readable is left.
@@ -447,7 +450,7 @@ def _nice_step(raw: float) -> float:
 
 
 def render_html(
-    result: SimResult, *, title: str | None = None, stages: list[StageSpec] | None = None
+    result: SimResult, *, title: str | None = None, stages: Sequence[StageSpec] | None = None
 ) -> str:
     """A standalone HTML page: summary, stage and device tables, and the SVG chart.
 
@@ -586,3 +589,33 @@ def render_trace(result: SimResult) -> dict[str, Any]:
             "bubble_fraction": result.bubble_fraction,
         },
     }
+
+
+def write_pictures(
+    result: Any,
+    stages: Sequence[StageSpec],
+    *,
+    svg: Path | None,
+    html: Path | None,
+    trace: Path | None,
+    title: str,
+) -> list[str]:
+    """Write the requested SVG/HTML/trace files atomically; returns the paths written.
+
+    Example::
+
+        write_pictures(result, stages, svg=Path("g.svg"), html=None, trace=None, title="1f1b")
+    """
+    from planner.fileio import atomic_write_json, atomic_write_text
+
+    written = []
+    if svg is not None:
+        atomic_write_text(svg, render_svg(result, title=title))
+        written.append(str(svg))
+    if html is not None:
+        atomic_write_text(html, render_html(result, title=title, stages=stages))
+        written.append(str(html))
+    if trace is not None:
+        atomic_write_json(trace, render_trace(result))
+        written.append(str(trace))
+    return written

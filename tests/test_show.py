@@ -123,7 +123,7 @@ def test_show_refuses_a_plan_whose_profile_changed(
     synthetic_profile(8, forward_ms=2.0).save(prof)
     code, out, err = _run(capsys, "show", str(plan))
     assert code == 2
-    assert err.count("\n") == 1 and "changed since the plan was made" in err
+    assert err.count("\n") == 1 and "changed since this plan was made" in err
     assert "profile.sha256" in err
 
 

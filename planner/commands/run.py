@@ -154,7 +154,7 @@ def _write_outputs(
         plan = Plan.load(plan_path)
         data = measured_trace(report, Schedule.from_dict(plan.schedule))
         try:  # the plan's simulated step beside it, when its profile is at hand
-            from planner.commands.show import resimulate
+            from planner.plan_inputs import resimulate
             from planner.render import render_trace
             from planner.runtime.report import side_by_side
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
-    from planner.plan import StageSpec
+    from planner.plan import Plan, StageSpec
+    from planner.profile.schema import Profile
+    from planner.schedule.actions import Schedule
+    from planner.topology import Topology
 
-__all__ = ["load_stages_arg", "register", "simulate_command", "write_pictures"]
+__all__ = ["load_stages_arg", "register", "simulate_command"]
 
 
 def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
@@ -106,23 +110,6 @@ def _int_list(text: str | None, flag: str) -> list[int]:
         ) from None
 
 
-def _plan_defaults(
-    plan_file: Path, *, profile: Path | None, topology: Path | None
-) -> dict[str, Any]:
-    """The plan's inputs and settings; its files are sha256-checked unless overridden."""
-    from planner.commands.show import plan_inputs
-    from planner.plan import Plan
-
-    plan = Plan.load(plan_file)
-    got = plan_inputs(plan, plan_file, profile=profile is None, topology=topology is None)
-    got.update(
-        plan=plan,
-        num_microbatches=plan.num_microbatches,
-        microbatch_size=plan.microbatch_size,
-    )
-    return got
-
-
 def _plan_microbatch_size(schedule: str) -> int | None:
     """A plan given as ``--schedule``: its microbatch size (the one its order was made for)."""
     path = Path(schedule)
@@ -150,7 +137,8 @@ def _marked(stages: list[StageSpec], recompute: list[int]) -> list[StageSpec]:
 
 
 def _plan_schedule(
-    base: dict[str, Any],
+    plan: Plan,
+    stored: Schedule,
     specs: list[StageSpec],
     microbatches: int,
     microbatch_size: int | None,
@@ -160,15 +148,14 @@ def _plan_schedule(
     from planner.errors import InputError
     from planner.schedule import SCHEDULES
 
-    plan = base["plan"]
     same = (
         [s.to_dict() for s in specs] == [s.to_dict() for s in plan.stages]
         and microbatches == plan.num_microbatches
         and microbatch_size == plan.microbatch_size
     )
     if same:
-        return base["schedule"]
-    name = base["schedule"].name
+        return stored
+    name = stored.name
     if name not in SCHEDULES:
         raise InputError(
             f"the plan's schedule {name!r} is an explicit order that cannot be rebuilt for "
@@ -179,30 +166,86 @@ def _plan_schedule(
     return name
 
 
-def write_pictures(
-    result: Any,
-    stages: list[StageSpec],
-    *,
-    svg: Path | None,
-    html: Path | None,
-    trace: Path | None,
-    title: str,
-) -> list[str]:
-    """Write the requested SVG/HTML/trace files atomically; returns the paths written."""
-    from planner.fileio import atomic_write_json, atomic_write_text
-    from planner.render import render_html, render_svg, render_trace
+@dataclass
+class _Resolved:
+    """What to simulate, from the flags and (with ``--plan``) the plan's own inputs."""
 
-    written = []
-    if svg is not None:
-        atomic_write_text(svg, render_svg(result, title=title))
-        written.append(str(svg))
-    if html is not None:
-        atomic_write_text(html, render_html(result, title=title, stages=stages))
-        written.append(str(html))
-    if trace is not None:
-        atomic_write_json(trace, render_trace(result))
-        written.append(str(trace))
-    return written
+    profile: Profile
+    profile_path: Path | None
+    topology: Topology | None
+    topology_path: Path | None
+    stages: list[StageSpec]
+    schedule: Any  # a schedule name or an explicit Schedule
+    microbatches: int
+    microbatch_size: int | None
+    step_ms: float | None
+
+
+def _resolve(
+    profile: Path | None,
+    topology: Path | None,
+    stages: str | None,
+    schedule: str | None,
+    microbatches: int | None,
+    microbatch_size: int | None,
+    recompute: str | None,
+    virtual_stages: int,
+    step_ms: float | None,
+    plan_file: Path | None,
+) -> _Resolved:
+    """The flags, completed from ``--plan`` (its files sha256-checked unless overridden)."""
+    from planner.errors import InputError
+    from planner.plan import Plan
+    from planner.plan_inputs import plan_inputs
+    from planner.profile import load_profile
+
+    plan = Plan.load(plan_file) if plan_file is not None else None
+    got = None
+    if plan is not None and plan_file is not None:
+        got = plan_inputs(plan, plan_file, profile=profile is None, topology=topology is None)
+        microbatches = plan.num_microbatches if microbatches is None else microbatches
+        microbatch_size = plan.microbatch_size if microbatch_size is None else microbatch_size
+        step_ms = got.step_ms if step_ms is None else step_ms
+    elif schedule is not None and microbatch_size is None:
+        microbatch_size = _plan_microbatch_size(schedule)
+    microbatches = 8 if microbatches is None else microbatches
+    if microbatches < 1:
+        raise InputError(f"expected a positive integer, got {microbatches}", field="--microbatches")
+    if virtual_stages < 1:
+        raise InputError(
+            f"expected an integer >= 1, got {virtual_stages}", field="--virtual-stages"
+        )
+    if step_ms is not None and not (math.isfinite(step_ms) and step_ms >= 0):
+        raise InputError(f"expected a finite number >= 0, got {step_ms}", field="--step-ms")
+    marks = _int_list(recompute, "--recompute")
+    if stages is not None:
+        specs = load_stages_arg(stages, marks)
+    elif plan is not None:
+        specs = _marked(plan.stages, marks)
+    else:
+        raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
+    if profile is not None:
+        prof = load_profile(profile)
+    elif got is not None and got.profile is not None:
+        prof, profile = got.profile, got.profile_path
+    else:
+        raise InputError("missing: give a profile (or --plan plan.json)", field="--profile")
+    topo = got.topology if got is not None else None
+    if topology is not None:
+        from planner.topology import load_topology
+
+        topo = load_topology(topology)
+    elif got is not None:
+        topology = got.topology_path
+    if schedule is not None:
+        chosen: Any = _schedule_arg(schedule)
+    elif plan is not None and got is not None and plan_file is not None:
+        chosen = _plan_schedule(plan, got.schedule, specs, microbatches, microbatch_size, plan_file)
+    else:
+        chosen = "1f1b"
+    return _Resolved(
+        prof, profile, topo, topology, specs, chosen, microbatches, microbatch_size, step_ms
+    )
 
 
 def simulate_command(
@@ -296,98 +339,65 @@ def simulate_command(
 
     Example: pipeplan simulate --plan plan.json --schedule zb
     """
-    from planner.errors import InputError
     from planner.fileio import check_output_path
-    from planner.profile import load_profile
     from planner.simulate import plan_from_result, simulate
 
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         if path is not None:
             check_output_path(path, field=flag)
-    base: dict[str, Any] = {}
-    if plan_file is not None:
-        base = _plan_defaults(plan_file, profile=profile, topology=topology)
-    elif schedule is not None:
-        base = {"microbatch_size": _plan_microbatch_size(schedule)}
-    if microbatches is None:
-        microbatches = base.get("num_microbatches", 8)
-    if microbatch_size is None:
-        microbatch_size = base.get("microbatch_size")
-    if step_ms is None:
-        step_ms = base.get("step_ms")
-    if microbatches < 1:
-        raise InputError(f"expected a positive integer, got {microbatches}", field="--microbatches")
-    if virtual_stages < 1:
-        raise InputError(
-            f"expected an integer >= 1, got {virtual_stages}", field="--virtual-stages"
-        )
-    if step_ms is not None and not (math.isfinite(step_ms) and step_ms >= 0):
-        raise InputError(f"expected a finite number >= 0, got {step_ms}", field="--step-ms")
-    marks = _int_list(recompute, "--recompute")
-    if stages is not None:
-        specs = load_stages_arg(stages, marks)
-    elif plan_file is not None:
-        specs = _marked(base["plan"].stages, marks)
-    else:
-        raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
-    if profile is not None:
-        prof = load_profile(profile)
-    elif plan_file is not None:
-        prof, profile = base["profile"], base["profile_path"]
-    else:
-        raise InputError("missing: give a profile (or --plan plan.json)", field="--profile")
-    topo = base.get("topology")
-    if topology is not None:
-        from planner.topology import load_topology
-
-        topo = load_topology(topology)
-    elif plan_file is not None:
-        topology = base["topology_path"]
-    if schedule is not None:
-        chosen: Any = _schedule_arg(schedule)
-    elif plan_file is not None:
-        chosen = _plan_schedule(base, specs, microbatches, microbatch_size, plan_file)
-    else:
-        chosen = "1f1b"
+    got = _resolve(
+        profile, topology, stages, schedule, microbatches, microbatch_size, recompute,
+        virtual_stages, step_ms, plan_file,
+    )  # fmt: skip
+    specs, step_ms = got.stages, got.step_ms
     result = simulate(
-        prof,
-        topo,
-        specs,
-        chosen,
-        microbatches,
-        microbatch_size,
-        virtual_stages=virtual_stages,
-        step_ms=step_ms,
-    )
-    schedule = result.schedule.name
-    title = (
-        f"{schedule}: {len(specs)} stages, {microbatches} microbatches of {result.microbatch_size}"
-    )
+        got.profile, got.topology, specs, got.schedule, got.microbatches, got.microbatch_size,
+        virtual_stages=virtual_stages, step_ms=step_ms,
+    )  # fmt: skip
     if step_ms is not None:  # show re-simulates with the same override
         result.schedule.meta["step_ms"] = step_ms
+    files = [str(output)] if output is not None else []
     if output is not None:
-        plan = plan_from_result(
-            result,
-            specs,
-            profile_path=str(profile),
-            topology_path=str(topology) if topology is not None else None,
-        )
-        plan.save(output)
-    written = write_pictures(result, specs, svg=svg, html=html, trace=trace, title=title)
+        topology_path = str(got.topology_path) if got.topology_path is not None else None
+        plan_from_result(
+            result, specs, profile_path=str(got.profile_path), topology_path=topology_path
+        ).save(output)
+    _emit(
+        result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt
+    )
+
+
+def _emit(
+    result: Any,
+    specs: list[StageSpec],
+    files: list[str],
+    *,
+    svg: Path | None,
+    html: Path | None,
+    trace: Path | None,
+    as_json: bool,
+    gantt: bool,
+) -> None:
+    """Write the pictures asked for; print the predictions (JSON or table and chart)."""
+    from planner.render import print_report, write_pictures
+
+    title = (
+        f"{result.schedule.name}: {len(specs)} stages, {result.num_microbatches} microbatches "
+        f"of {result.microbatch_size}"
+    )
+    files = files + write_pictures(result, specs, svg=svg, html=html, trace=trace, title=title)
     if as_json:
         out = result.predicted()
-        out["schedule"] = schedule
+        out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
-        out["written"] = ([str(output)] if output else []) + written
+        out["written"] = files
         print(json.dumps(out, indent=1))
         return
     from rich.console import Console
 
-    from planner.render import print_report
-
     console = Console(highlight=False)
-    print_report(result, console, stages=specs, title=title, gantt=not no_gantt)
-    for done in ([str(output)] if output else []) + written:
+    print_report(result, console, stages=specs, title=title, gantt=gantt)
+    for done in files:
         console.print(f"wrote {done}")
 
 

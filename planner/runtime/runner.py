@@ -91,16 +91,6 @@ def check_run_options(
         raise InputError(f"expected a finite number > 0, got {lr!r}", field=name("lr", "--lr"))
 
 
-def _find_profile(plan: Plan, plan_source: str | None) -> Path | None:
-    raw = plan.profile.get("path")
-    if not raw or raw == "<memory>":
-        return None
-    candidates = [Path(raw)]
-    if plan_source and not Path(raw).is_absolute():
-        candidates.append(Path(plan_source).resolve().parent / raw)
-    return next((c for c in candidates if c.is_file()), None)
-
-
 def check_plan(
     plan: Plan, model_path: str | os.PathLike[str], plan_source: str | None
 ) -> dict[str, Any]:
@@ -114,7 +104,7 @@ def check_plan(
 
         settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
     """
-    from planner.fileio import sha256_file
+    from planner.plan_inputs import check_unchanged, find_file
     from planner.profile.loader import load_model_file
     from planner.profile.schema import load_profile
     from planner.schedule import Schedule, validate_schedule
@@ -141,18 +131,11 @@ def check_plan(
         "profile": None,
         "notes": notes,
     }
-    found = _find_profile(plan, plan_source)
+    found = find_file(plan.profile, plan_source)
     if found is None:
         notes.append(f"profile {plan.profile.get('path')!r} not found: model source not checked")
     else:
-        want = plan.profile.get("sha256")
-        if want and sha256_file(found) != want:
-            raise InputError(
-                f"the profile {found} changed since this plan was made (sha256 differs); "
-                "solve again with the current profile",
-                file=where,
-                field="profile.sha256",
-            )
+        check_unchanged(found, plan.profile, "profile", where)
         profile = load_profile(found)
         settings["profile"] = profile
         settings["profile_path"] = str(found)

@@ -1,0 +1,161 @@
+"""A plan's inputs: find the profile and topology it names, check them, re-simulate it.
+
+A plan refers to its profile and topology by path and sha256. Every reader (``show``,
+``simulate --plan``, ``run`` and its trace, the export) finds them the same way: the path
+as written, then beside the plan file; and refuses a file whose sha256 changed since the
+plan was made, with one line naming the plan and the field.
+
+Example::
+
+    got = plan_inputs(Plan.load("plan.json"), Path("plan.json"))
+    got.profile.num_layers, got.topology, got.schedule.name
+    result = resimulate(Plan.load("plan.json"), Path("plan.json"))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.fileio import sha256_file
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+    from planner.profile.schema import Profile
+    from planner.schedule.actions import Schedule
+    from planner.simulate import SimResult
+    from planner.topology import Topology
+
+__all__ = ["PlanInputs", "check_unchanged", "find_file", "locate", "plan_inputs", "resimulate"]
+
+
+@dataclass
+class PlanInputs:
+    """What re-simulating a plan needs; ``profile`` / ``topology`` are None when not asked
+    for (or, for the topology, when the plan has none)."""
+
+    profile: Profile | None
+    profile_path: Path | None
+    topology: Topology | None
+    topology_path: Path | None
+    schedule: Schedule  # the stored per-device op order
+    step_ms: float | None  # an explicit ``simulate --step-ms`` kept in the schedule's meta
+
+
+def find_file(ref: dict[str, Any], plan_path: str | Path | None) -> Path | None:
+    """The file a plan's ``{"path", "sha256"}`` reference names, tried as written and then
+    beside the plan; None when it has no path, was never saved or is not found.
+
+    Example::
+
+        find_file(plan.profile, "runs/plan.json")   # Path('profiles/gpt.json') or None
+    """
+    raw = ref.get("path")
+    if not raw or raw == "<memory>":
+        return None
+    candidates = [Path(raw)]
+    if plan_path is not None and not Path(raw).is_absolute():
+        candidates.append(Path(plan_path).resolve().parent / raw)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def check_unchanged(found: Path, ref: dict[str, Any], key: str, plan_path: str | Path) -> None:
+    """Refuse a referenced file whose sha256 differs from the one the plan recorded.
+
+    Example::
+
+        check_unchanged(Path("profiles/gpt.json"), plan.profile, "profile", "plan.json")
+    """
+    want = ref.get("sha256")
+    if want and sha256_file(found) != want:
+        raise InputError(
+            f"the {key} {str(found)!r} changed since this plan was made (sha256 differs); "
+            "re-run `pipeplan solve` or `pipeplan simulate -o` to make a new plan",
+            file=str(plan_path),
+            field=f"{key}.sha256",
+        )
+
+
+def locate(ref: dict[str, Any], key: str, plan_path: Path) -> Path | None:
+    """The referenced file, found and unchanged; None for a plan without that file (no
+    topology). A file that is missing, or was never saved, is one clear InputError.
+
+    Example::
+
+        locate(plan.topology, "topology", Path("plan.json"))
+    """
+    raw = ref.get("path")
+    if raw is None:
+        return None
+    if raw == "<memory>":
+        raise InputError(
+            f"the plan's {key} was never saved to a file, so the plan cannot be re-simulated",
+            file=str(plan_path),
+            field=f"{key}.path",
+        )
+    found = find_file(ref, plan_path)
+    if found is None:
+        raise InputError(
+            f"{key} file {raw!r} not found (looked in the current folder and beside the plan)",
+            file=str(plan_path),
+            field=f"{key}.path",
+        )
+    check_unchanged(found, ref, key, plan_path)
+    return found
+
+
+def plan_inputs(
+    plan: Plan, plan_path: Path, *, profile: bool = True, topology: bool = True
+) -> PlanInputs:
+    """What re-simulating ``plan`` needs, its files checked against their stored sha256.
+
+    Example::
+
+        got = plan_inputs(Plan.load("plan.json"), Path("plan.json"), topology=False)
+        got.profile.num_layers
+    """
+    from planner.profile import load_profile
+    from planner.schedule import Schedule
+
+    got = PlanInputs(
+        None, None, None, None, Schedule.from_dict(plan.schedule, source=str(plan_path)), None
+    )
+    if profile:
+        got.profile_path = locate(plan.profile, "profile", plan_path)
+        assert got.profile_path is not None
+        got.profile = load_profile(got.profile_path)
+    got.topology_path = locate(plan.topology, "topology", plan_path) if topology else None
+    if got.topology_path is not None:
+        from planner.topology import load_topology
+
+        got.topology = load_topology(got.topology_path)
+    meta = plan.schedule.get("meta")
+    got.step_ms = meta.get("step_ms") if isinstance(meta, dict) else None
+    return got
+
+
+def resimulate(plan: Plan, plan_path: Path) -> SimResult:
+    """Time the plan's stored schedule on its (unchanged) profile and topology.
+
+    Example::
+
+        result = resimulate(Plan.load("plan.json"), Path("plan.json"))
+    """
+    from planner.schedule import validate_schedule
+    from planner.simulate import simulate
+
+    got = plan_inputs(plan, plan_path)
+    validate_schedule(got.schedule, plan.stages, source=str(plan_path))
+    assert got.profile is not None
+    return simulate(
+        got.profile,
+        got.topology,
+        plan.stages,
+        got.schedule,
+        plan.num_microbatches,
+        plan.microbatch_size,
+        step_ms=got.step_ms,
+        validate=False,
+    )
