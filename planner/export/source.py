@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from planner.errors import InputError
 from planner.export.actions import TorchLayout, torch_layout
 from planner.export.split import StageSplit, stage_splits
-from planner.fileio import sha256_file
 from planner.plan import Plan
+from planner.plan_inputs import check_unchanged, find_file
 from planner.profile.schema import Profile, load_profile
 from planner.schedule import ActionType, Schedule, validate_schedule
 
-__all__ = ["ExportSource", "find_profile", "load_export_source"]
+__all__ = ["ExportSource", "load_export_source"]
 
 
 @dataclass
@@ -51,22 +50,6 @@ class ExportSource:
     splits: list[StageSplit]
 
 
-def find_profile(plan: Plan, plan_path: str | os.PathLike[str]) -> Path | None:
-    """The plan's profile file: its path as written, or relative to the plan's folder.
-
-    Example::
-
-        find_profile(Plan.load("plans/p.json"), "plans/p.json")   # profiles/gpt.json
-    """
-    raw = plan.profile.get("path")
-    if not raw or raw == "<memory>":
-        return None
-    candidates = [Path(raw)]
-    if not Path(raw).is_absolute():
-        candidates.append(Path(plan_path).resolve().parent / raw)
-    return next((c for c in candidates if c.is_file()), None)
-
-
 def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
     """Load ``plan_path`` and check that torch can run it exactly (module docstring).
 
@@ -79,7 +62,7 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
     schedule = Schedule.from_dict(plan.schedule, source=where)
     validate_schedule(schedule, plan.stages, source=where)
     _refuse_schedule(plan, schedule, where)
-    found = find_profile(plan, plan_path)
+    found = find_file(plan.profile, where)
     if found is None:
         raise InputError(
             f"the plan's profile {plan.profile.get('path')!r} was not found (next to the "
@@ -87,14 +70,7 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
             file=where,
             field="profile.path",
         )
-    want = plan.profile.get("sha256")
-    if want and sha256_file(found) != want:
-        raise InputError(
-            f"the profile {found} changed since this plan was made (sha256 differs); solve "
-            "again with the current profile",
-            file=where,
-            field="profile.sha256",
-        )
+    check_unchanged(found, plan.profile, "profile", where)
     profile = load_profile(found)
     _refuse_profile(plan, profile, str(found), where)
     layout = torch_layout(plan.stages, schedule, source=where)
