@@ -79,7 +79,7 @@ def test_starting_transfers_at_their_send_changes_nothing(seed: int, schedule: s
     total_mb = m * iterations
     shape = CompiledShape(compile_programs(sched, stages, tables.devices, total_mb))
     runs = [
-        run_events(shape, tables, topo, stages, total_mb, record=True, start_at_send=at_send)
+        run_events(shape, tables, topo, total_mb, record=True, start_at_send=at_send)
         for at_send in (True, False)
     ]
     fast, slow = runs

@@ -14,8 +14,7 @@ the reference durations, is also the reference run that fixes the links' queues.
 
 Example::
 
-    engine = EventEngine(programs, durations, grows, shrinks, static, replicas, num_keys,
-                         links=None, record=True)
+    engine = EventEngine(programs, tables.durations, tables, num_keys, links=None, record=True)
     engine.run()
     engine.output().clock
 """
@@ -33,6 +32,7 @@ from planner.simulate.program import (
     describe_entry,
 )
 from planner.simulate.result import EngineOutput
+from planner.simulate.tables import StageTables
 
 __all__ = ["EventEngine", "Rendezvous"]
 
@@ -72,45 +72,41 @@ class Rendezvous:
 class EventEngine:
     """One run of compiled programs (see the module's description).
 
-    ``durations[i][slot]`` is how long ``slot`` takes on device ``i``; ``grows`` and
-    ``shrinks`` the memory each slot takes and gives back (recorded as curves when
-    ``record``); ``static`` each device's memory throughout; ``replicas[s]`` how many
-    devices meet at stage ``s``'s all-reduces; ``num_keys`` how many transfer keys exist.
+    ``durations[i][slot]`` is how long ``slot`` takes on device ``i`` (``tables.durations``,
+    or the reference run's); from ``tables`` the memory each slot takes and gives back
+    (recorded as curves when ``record``), each device's memory throughout and how many
+    devices meet at each stage's all-reduces; ``num_keys`` how many transfer keys exist.
     ``start_at_send=False`` starts transfers in a pass after every device has run as far as
-    it can (as the first versions did) instead of at their send: the same results. With
-    ``log_sends`` the sends are listed in the order they run (``sends``).
+    it can (as the first versions did) instead of at their send: the same results.
     """
 
     def __init__(
         self,
         programs: list[Program],
         durations: list[list[float]],
-        grows: list[int],
-        shrinks: list[int],
-        static: list[int],
-        replicas: list[int],
+        tables: StageTables,
         num_keys: int,
         *,
         links: LinkQueues | None,
         record: bool,
         start_at_send: bool = True,
-        log_sends: bool = False,
     ) -> None:
         n = len(programs)
         self.programs, self.durations = programs, durations
-        self.grows, self.shrinks = grows, shrinks
+        self.grows, self.shrinks = tables.grows, tables.shrinks
         self.record, self.start_at_send = record, start_at_send
         self.clock = [0.0] * n
         self.pos = [0] * n
-        self.levels = list(static)
-        self.mem: list[list[tuple[float, int]]] = [[(0.0, x)] for x in static]
+        self.levels = [tables.static[d] for d in tables.devices]
+        self.mem: list[list[tuple[float, int]]] = [[(0.0, x)] for x in self.levels]
         self.arrival = [-1.0] * num_keys  # when the data is at its receiver
         self.waiting = [-1] * num_keys  # the device blocked on receiving it
         self.runnable = list(range(n - 1, -1, -1))
-        self.rendezvous = Rendezvous(n, replicas)
+        self.rendezvous = Rendezvous(n, tables.replicas)
         self.raw_events: list[tuple[int, int, int, int, float, float]] = []
         self.raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
-        self.sends: list[tuple[int, int, int]] | None = [] if log_sends else None
+        # Set to a list to have the sends listed in the order they run (free communication).
+        self.sends: list[tuple[int, int, int]] | None = None
         self.free_comm = links is None
         self.route_of: list[Route] = []
         self.queues: list[list[int]] = []

@@ -61,7 +61,8 @@ class StageTables:
     ``grows[slot]`` / ``shrinks[slot]``: the memory taken at its start and given back at
     its end (the same on every device); ``static``: the bytes each device holds
     throughout; ``cut[s]``: the bytes entering stage ``s`` from ``s - 1`` (activations
-    forward, gradients backward); ``steps``: each (stage, device)'s STEP, as timed.
+    forward, gradients backward); ``steps``: each (stage, device)'s STEP, as timed;
+    ``replicas[s]``: how many devices run stage ``s`` (and meet at its all-reduces).
     """
 
     devices: list[str]
@@ -71,6 +72,7 @@ class StageTables:
     static: dict[str, int]
     cut: list[int]
     steps: dict[tuple[int, str], float]
+    replicas: list[int]
 
 
 def speed(topology: Topology | None, device: str) -> float:
@@ -320,7 +322,8 @@ def stage_tables(
                 table[si * SLOTS + STEP] = steps[(si, d)]
         durations.append(table)
     grows, shrinks = _memory_deltas(profile, stages, microbatch_size)
-    return StageTables(devices, durations, grows, shrinks, static, cut, steps)
+    replicas = [len(st.devices) for st in stages]
+    return StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
 
 
 def reference_durations(tables: StageTables, topology: Topology) -> list[list[float]]:

@@ -104,7 +104,7 @@ def simulate_schedule(
     tables = stage_tables(profile, topology, stages, schedule, microbatch_size, step_ms)
     total_mb = schedule.num_microbatches * schedule.iterations
     shape = SHAPES.get(schedule, stages, tables.devices, total_mb)
-    run = _run_engine(engine, shape, tables, topology, stages, total_mb, record=events)
+    run = _run_engine(engine, shape, tables, topology, total_mb, record=events)
     return _result(run, shape, tables, topology, stages, schedule, microbatch_size, events)
 
 
@@ -145,15 +145,15 @@ def _run_engine(
     shape: CompiledShape,
     tables: StageTables,
     topology: Topology | None,
-    stages: Sequence[StageSpec],
     total_mb: int,
     *,
     record: bool,
 ) -> EngineOutput:
     """The times by the chosen engine (``auto``: the fixed-order pass where it applies)."""
-    num_keys = 2 * len(stages) * total_mb
+    num_stages = len(tables.replicas)
+    num_keys = 2 * num_stages * total_mb
     if engine != "events" and topology is not None:
-        order = shape.order(num_keys, total_mb, len(stages))
+        order = shape.order(num_keys, total_mb, num_stages)
         if order is not None:
             return run_in_order(order, topology, tables, num_keys, record=record)
     if engine == "in_order":
@@ -162,14 +162,13 @@ def _run_engine(
             "does not deadlock; use engine 'events' or 'auto'",
             field="engine",
         )
-    return run_events(shape, tables, topology, stages, total_mb, record=record)
+    return run_events(shape, tables, topology, total_mb, record=record)
 
 
 def run_events(
     shape: CompiledShape,
     tables: StageTables,
     topology: Topology | None,
-    stages: Sequence[StageSpec],
     total_mb: int,
     *,
     record: bool,
@@ -181,36 +180,22 @@ def run_events(
 
     Example::
 
-        run_events(shape, tables, None, stages, 8, record=True).clock
+        run_events(shape, tables, None, 8, record=True).clock
     """
-    num_keys = 2 * len(stages) * total_mb
-    replicas = [len(st.devices) for st in stages]
-    static = [tables.static[d] for d in tables.devices]
+    num_keys = 2 * len(tables.replicas) * total_mb
     programs = shape.programs
     links = None
     if topology is not None:
-        ref = EventEngine(
-            programs,
-            reference_durations(tables, topology),
-            tables.grows,
-            tables.shrinks,
-            static,
-            replicas,
-            num_keys,
-            links=None,
-            record=False,
-            log_sends=True,
-        )
+        ref_durations = reference_durations(tables, topology)
+        ref = EventEngine(programs, ref_durations, tables, num_keys, links=None, record=False)
+        sends: list[tuple[int, int, int]] = []
+        ref.sends = sends  # the reference run lists its sends in the order they run
         ref.run()
-        assert ref.sends is not None
-        links = link_queues(topology, tables.devices, tables.cut, total_mb, ref.sends, ref.arrival)
+        links = link_queues(topology, tables.devices, tables.cut, total_mb, sends, ref.arrival)
     engine = EventEngine(
         programs,
         tables.durations,
-        tables.grows,
-        tables.shrinks,
-        static,
-        replicas,
+        tables,
         num_keys,
         links=links,
         record=record,

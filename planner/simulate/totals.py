@@ -56,6 +56,8 @@ def program_totals(
     return peaks, busy
 
 
+# The same arguments as program_totals (duplicates flags the signature): the fallback it
+# calls, and the reference a test compares it with.
 def program_totals_exact(
     work: Sequence[Any],
     durations: list[list[float]],
