@@ -106,7 +106,7 @@ class EventEngine:
         self.raw_events: list[tuple[int, int, int, int, float, float]] = []
         self.raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
         # Set to a list to have the sends listed in the order they run (free communication).
-        self.sends: list[tuple[int, int, int]] | None = None
+        self.sends: list[int] | None = None
         self.free_comm = links is None
         self.route_of: list[Route] = []
         self.queues: list[list[int]] = []
@@ -117,6 +117,21 @@ class EventEngine:
         self.link_free = [0.0] * len(self.queues)
         # When its send ran; one more entry, never ready, for the key ending each link queue.
         self.ready_at = [-1.0] * (num_keys + 1) if links is not None else []
+        # What _launch reads, in one tuple: it runs once per send, and one unpacking is
+        # cheaper than an attribute lookup per list.
+        self._link_state = (
+            self.arrival,
+            self.ready_at,
+            self.route_of,
+            self.head,
+            self.head_key,
+            self.link_free,
+            self.queues,
+            self.waiting,
+            self.runnable,
+            self.raw_transfers,
+            record,
+        )
 
     def output(self) -> EngineOutput:
         """What the run leaves: clocks, link-free times, events, transfers, memory."""
@@ -158,7 +173,7 @@ class EventEngine:
                 dmem = mem[di]
                 level = levels[di]
                 while p < n:
-                    code, s, k, slot, rkey, skey, dst = prog[p]
+                    code, s, k, slot, rkey, skey, _ = prog[p]
                     if rkey >= 0:
                         at = arrival[rkey]
                         if at < 0.0:
@@ -199,7 +214,7 @@ class EventEngine:
                         if free_comm:
                             arrival[skey] = t
                             if sends is not None:
-                                sends.append((di, dst, skey))
+                                sends.append(skey)
                             w = waiting[skey]
                             if w >= 0:
                                 waiting[skey] = -1
@@ -245,8 +260,19 @@ class EventEngine:
         on each of its links: it does not depend on when this runs, so a transfer is
         started as soon as its send has run and its links' queues reach it.
         """
-        arrival, ready_at, route_of = self.arrival, self.ready_at, self.route_of
-        head, head_key, link_free, queues = self.head, self.head_key, self.link_free, self.queues
+        (
+            arrival,
+            ready_at,
+            route_of,
+            head,
+            head_key,
+            link_free,
+            queues,
+            waiting,
+            runnable,
+            raw_transfers,
+            record,
+        ) = self._link_state
         while stack:
             key = stack.pop()
             if arrival[key] >= 0.0:
@@ -269,9 +295,9 @@ class EventEngine:
                     if ready_at[after] >= 0.0:
                         stack.append(after)
                 arrival[key] = end
-                if self.record:
-                    self.raw_transfers.append((src, dst, key & 1, key >> 1, start, end, nbytes))
-                w = self.waiting[key]
+                if record:
+                    raw_transfers.append((src, dst, key & 1, key >> 1, start, end, nbytes))
+                w = waiting[key]
                 if w >= 0:
-                    self.waiting[key] = -1
-                    self.runnable.append(w)
+                    waiting[key] = -1
+                    runnable.append(w)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from planner.plan import StageSpec
 from planner.schedule import Schedule
 from planner.simulate.in_order import Order, reference_order
+from planner.simulate.links import send_ways
 from planner.simulate.program import LAST_COMPUTE, STEP, Program, compile_programs
 
 __all__ = ["SHAPES", "SHAPE_CACHE_SIZE", "CacheInfo", "CompiledShape", "ShapeCache"]
@@ -30,8 +31,8 @@ SHAPE_CACHE_SIZE = 2
 
 class CompiledShape:
     """Compiled programs and what depends on them alone: per program the slots of its work
-    (compute and optimizer steps) in program order, and (computed on first use) the
-    reference run's order of execution for the fixed-order pass.
+    (compute and optimizer steps) in program order, and (computed on first use) each send's
+    way and the reference run's order of execution for the fixed-order pass.
 
     Example::
 
@@ -49,12 +50,20 @@ class CompiledShape:
         ]
         self._order: Order | None = None
         self._no_order = False
+        self._ways: list[int] | None = None
+
+    def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
+        """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`)."""
+        if self._ways is None:
+            self._ways = send_ways(self.programs, num_keys, total_mb, num_stages)
+        return self._ways
 
     def order(self, num_keys: int, total_mb: int, num_stages: int) -> Order | None:
         """The reference run's order, or None where the event engine is needed: for
         all-reduces (their barriers) and for schedules that deadlock (its message)."""
         if self._order is None and not self._no_order:
-            self._order = reference_order(self.programs, num_keys, total_mb, num_stages)
+            ways = self.ways(num_keys, total_mb, num_stages)
+            self._order = reference_order(self.programs, num_keys, ways, num_stages)
             self._no_order = self._order is None
         return self._order
 

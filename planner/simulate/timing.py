@@ -188,10 +188,11 @@ def run_events(
     if topology is not None:
         ref_durations = reference_durations(tables, topology)
         ref = EventEngine(programs, ref_durations, tables, num_keys, links=None, record=False)
-        sends: list[tuple[int, int, int]] = []
+        sends: list[int] = []
         ref.sends = sends  # the reference run lists its sends in the order they run
         ref.run()
-        links = link_queues(topology, tables.devices, tables.cut, total_mb, sends, ref.arrival)
+        ways = shape.ways(num_keys, total_mb, len(tables.replicas))
+        links = link_queues(topology, tables.devices, tables.cut, ways, sends, ref.arrival)
     engine = EventEngine(
         programs,
         tables.durations,
