@@ -11,7 +11,7 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
   link wait. A link serves its transfers in a fixed order -- the order their data becomes
   ready in a reference run (profile times, speed-1 devices, free communication), close to
   first come first served for equally fast devices, and it keeps the time monotone in
-  every speed and bandwidth (see :func:`_link_plan`);
+  every speed and bandwidth (:mod:`planner.simulate.links`);
 * ``ALLREDUCE s`` waits for every replica of stage ``s`` and then takes the topology's
   ring all-reduce time of the stage's gradients (links are not shared with pipeline
   transfers in this model); ``STEP s`` takes the stage's optimizer step: the profiled

@@ -1,7 +1,7 @@
 """Peaks and busy times, which follow from each device's program order alone.
 
 Allocations happen in program order, and a device's work is summed action by action in
-it: the same additions in the same order as an event loop makes, so the same floats,
+it: the same additions in the same order as the event engine makes, so the same floats,
 without timing anything.
 
 Example::
@@ -30,7 +30,7 @@ def program_totals(
 ) -> tuple[list[int], list[float]]:
     """Per device the peak memory and the busy time, which follow from the program order
     alone: allocations happen in program order, and work is summed action by action in it
-    (the same additions in the same order as an event loop would make, so the same floats).
+    (the same additions in the same order as the event engine makes, so the same floats).
     ``work`` holds per device the slots of its compute and steps, in program order.
     """
     import numpy as np  # here: commands that never simulate do not pay for the import
