@@ -78,6 +78,13 @@ class EventEngine:
     devices meet at each stage's all-reduces; ``num_keys`` how many transfer keys exist.
     ``start_at_send=False`` starts transfers in a pass after every device has run as far as
     it can (as the first versions did) instead of at their send: the same results.
+
+    Example::
+
+        engine = EventEngine(shape.programs, tables.durations, tables, num_keys,
+                             links=None, record=True)
+        engine.run()
+        engine.stuck(tables.devices, 8) or engine.output().clock
     """
 
     def __init__(

@@ -48,6 +48,11 @@ class Order(NamedTuple):
     time that stays 0) for none; ``send`` the sent key or ``num_keys + 1`` (written, never
     read) for none. ``way`` is a send's way (:func:`planner.simulate.links.send_ways`;
     ``ways``: all of them).
+
+    Example::
+
+        order = shape.order(num_keys, total_mb, len(stages))
+        order.steps[0]      # (0, num_keys, 0, 0, 16, 4, 0): device 0's first action
     """
 
     steps: list[Step]

@@ -44,7 +44,12 @@ NO_ROUTE: Route = ((), 0.0, 0.0, -1, -1, 0)
 
 class LinkQueues(NamedTuple):
     """Per transfer key its route (``NO_ROUTE``: no transfer), and per link the keys it
-    serves in order, each queue ending with the key ``num_keys`` (never ready)."""
+    serves in order, each queue ending with the key ``num_keys`` (never ready).
+
+    Example::
+
+        route_of, queues = link_queues(topology, devices, cut, ways, sends, ready)
+    """
 
     route_of: list[Route]
     queues: list[list[int]]

@@ -63,6 +63,11 @@ class StageTables:
     throughout; ``cut[s]``: the bytes entering stage ``s`` from ``s - 1`` (activations
     forward, gradients backward); ``steps``: each (stage, device)'s STEP, as timed;
     ``replicas[s]``: how many devices run stage ``s`` (and meet at its all-reduces).
+
+    Example::
+
+        tables = stage_tables(profile, None, stages, schedule, 4, None)
+        tables.durations[0][SLOTS * 1 + Code.B]     # B of stage 1 on the first device
     """
 
     devices: list[str]
@@ -76,7 +81,12 @@ class StageTables:
 
 
 def speed(topology: Topology | None, device: str) -> float:
-    """A device's speed (1 without a topology)."""
+    """A device's speed (1 without a topology).
+
+    Example::
+
+        speed(None, "gpu0")     # 1.0
+    """
     return 1.0 if topology is None else topology.device(device).speed
 
 

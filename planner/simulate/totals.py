@@ -32,6 +32,10 @@ def program_totals(
     alone: allocations happen in program order, and work is summed action by action in it
     (the same additions in the same order as the event engine makes, so the same floats).
     ``work`` holds per device the slots of its compute and steps, in program order.
+
+    Example::
+
+        program_totals([[0, 1]], [[1.0, 2.0]], [5, 0], [0, -5], [100])   # ([105], [3.0])
     """
     import numpy as np  # here: commands that never simulate do not pay for the import
 
@@ -65,7 +69,12 @@ def program_totals_exact(
     shrinks: list[int],
     static: list[int],
 ) -> tuple[list[int], list[float]]:
-    """:func:`program_totals` in Python ints, for memory sizes too large for int64."""
+    """:func:`program_totals` in Python ints, for memory sizes too large for int64.
+
+    Example::
+
+        program_totals_exact([[0]], [[1.0]], [2**63], [-(2**63)], [0])   # ([2**63], [1.0])
+    """
     moves = [(g, x) for g, x in zip(grows, shrinks, strict=True)]
     peaks, busy = [], []
     for slots, dtab, base in zip(work, durations, static, strict=True):
