@@ -13,7 +13,7 @@ not deadlock.
 
 Example::
 
-    order = reference_order(programs, num_keys, ways, len(stages))
+    order = reference_order(programs, num_keys, total_mb, len(stages))
     run_in_order(order, topology, tables, num_keys, record=True).clock
 """
 
@@ -61,7 +61,7 @@ class Order(NamedTuple):
 
 
 def reference_order(
-    programs: list[Program], num_keys: int, ways: list[int], num_stages: int
+    programs: list[Program], num_keys: int, total_mb: int, num_stages: int
 ) -> Order | None:
     """Run the programs as the reference run does (a device runs until a receive whose
     send has not run yet; the same stack of runnable devices), without times, and list the
@@ -69,11 +69,11 @@ def reference_order(
 
     Example::
 
-        reference_order(shape.programs, num_keys, shape.ways(num_keys, 8, 2), 2).steps[0]
+        reference_order(shape.programs, 2 * len(stages) * 8, 8, len(stages)).steps[0]
     """
     if any(ALLREDUCE in {e[0] for e in prog} for prog in programs):
         return None
-    per_device = _steps_per_device(programs, num_keys, ways, num_stages)
+    per_device = _steps_per_device(programs, num_keys, total_mb, num_stages)
     no_recv = num_keys
     steps: list[Step] = []
     n = len(programs)
@@ -105,13 +105,14 @@ def reference_order(
 
 
 def _steps_per_device(
-    programs: list[Program], num_keys: int, ways: list[int], num_stages: int
+    programs: list[Program], num_keys: int, total_mb: int, num_stages: int
 ) -> list[list[Step]]:
     """Each device's program as :class:`Order` steps."""
     n = len(programs)
     width = SLOTS * num_stages
     zero = n * width
     no_recv, no_send = num_keys, num_keys + 1
+    cuts = num_stages + 1
     # One int object per slot: a cached order holds hundreds of thousands of them.
     slots = list(range(zero + 1))
     return [
@@ -122,10 +123,11 @@ def _steps_per_device(
                 slots[di * width + slot] if kind <= LAST_COMPUTE else zero,
                 slots[di * width + slot] if kind <= LAST_COMPUTE or kind == STEP else zero,
                 skey if skey >= 0 else no_send,
-                ways[skey] if skey >= 0 else -1,
+                # The send's way: links.send_ways's formula, inlined (one pass, not two).
+                (di * n + dst) * cuts + (skey >> 1) // total_mb + (skey & 1) if skey >= 0 else -1,
                 at,
             )
-            for at, (kind, _, _, slot, rkey, skey, _) in enumerate(prog)
+            for at, (kind, _, _, slot, rkey, skey, dst) in enumerate(prog)
         ]
         for di, prog in enumerate(programs)
     ]

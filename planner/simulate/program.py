@@ -280,26 +280,24 @@ def _replica_entry(
 ) -> Entry:
     """The entry of a compute op next to a replicated stage: whether its neighbour is on
     another device depends on the microbatch's replica."""
-
-    def where(s: int) -> str:
-        return single[s] or stages[s].replica(k)
-
     t2 = total_mb
     rkey = skey = dst = -1
     prev_away, next_away = _neighbours_away(d, s, stages, single)
+    before = single[s - 1] or stages[s - 1].replica(k) if s else None
+    after = single[s + 1] or stages[s + 1].replica(k) if s + 1 < len(stages) else None
     if prev_away is None:
-        prev_away = where(s - 1) != d
+        prev_away = before != d
     if next_away is None:
-        next_away = where(s + 1) != d
+        next_away = after != d
     code = _COMPUTE[kind]
     if kind == "F":
         if prev_away:
             rkey = (s * t2 + k) * 2
-        if next_away:
-            skey, dst = ((s + 1) * t2 + k) * 2, index[where(s + 1)]
+        if next_away and after is not None:
+            skey, dst = ((s + 1) * t2 + k) * 2, index[after]
     elif kind != "W":
         if next_away:
             rkey = (s * t2 + k) * 2 + 1
-        if prev_away:
-            skey, dst = ((s - 1) * t2 + k) * 2 + 1, index[where(s - 1)]
+        if prev_away and before is not None:
+            skey, dst = ((s - 1) * t2 + k) * 2 + 1, index[before]
     return (code, s, k, s * SLOTS + code, rkey, skey, dst)

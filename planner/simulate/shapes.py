@@ -53,7 +53,8 @@ class CompiledShape:
         self._ways: list[int] | None = None
 
     def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
-        """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`)."""
+        """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`),
+        for the event engine's link queues."""
         if self._ways is None:
             self._ways = send_ways(self.programs, num_keys, total_mb, num_stages)
         return self._ways
@@ -62,8 +63,7 @@ class CompiledShape:
         """The reference run's order, or None where the event engine is needed: for
         all-reduces (their barriers) and for schedules that deadlock (its message)."""
         if self._order is None and not self._no_order:
-            ways = self.ways(num_keys, total_mb, num_stages)
-            self._order = reference_order(self.programs, num_keys, ways, num_stages)
+            self._order = reference_order(self.programs, num_keys, total_mb, num_stages)
             self._no_order = self._order is None
         return self._order
 
