@@ -3,13 +3,14 @@
 Transfers start at their send when their links' queues reach them (instead of in a pass
 after every device has run as far as it can), generated orders are compiled once per
 shape, and over a topology the times are computed in one pass in the reference run's
-order instead of by the event loop: none of these may change a single number.
+order (``engine="in_order"``) instead of by the event engine (``engine="events"``): none
+of these may change a single number.
 """
 
 from __future__ import annotations
 
+import copy
 import random
-import sys
 
 import pytest
 
@@ -17,11 +18,14 @@ from planner.cost import synthetic_profile
 from planner.errors import InputError
 from planner.plan import StageSpec
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
-from planner.schedule import Schedule, build_schedule
-from planner.simulate import SimResult, simulate
+from planner.schedule import Schedule, build_schedule, schedule_from_order
+from planner.simulate import STREAM_ITERATIONS, SimResult, simulate, simulate_schedule
+from planner.simulate.program import compile_programs
+from planner.simulate.shapes import SHAPES, CompiledShape
+from planner.simulate.tables import stage_tables
+from planner.simulate.timing import run_events
+from planner.simulate.totals import program_totals, program_totals_exact
 from planner.topology import topology_from_dict, uniform_topology
-
-SIM = sys.modules["planner.simulate"]
 
 
 def _profile(rng: random.Random, n: int) -> Profile:
@@ -65,28 +69,51 @@ def _same(a: SimResult, b: SimResult) -> None:
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("schedule", ["1f1b", "zb", "2bw"])
-def test_starting_transfers_at_their_send_changes_nothing(
-    seed: int, schedule: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_starting_transfers_at_their_send_changes_nothing(seed: int, schedule: str) -> None:
+    # The event engine over a topology, with transfers started at their send (the
+    # default) and in a pass after every device has run as far as it can.
     profile, stages, topo, m = _case(seed)
-    fast = simulate(profile, topo, stages, schedule, m)
-    monkeypatch.setattr(SIM, "_START_AT_SEND", False)
-    slow = simulate(profile, topo, stages, schedule, m)
-    _same(fast, slow)
+    iterations = STREAM_ITERATIONS if schedule == "2bw" else 1
+    sched = build_schedule(schedule, stages, m, iterations=iterations)
+    tables = stage_tables(profile, topo, stages, sched, 1, None)
+    total_mb = m * iterations
+    shape = CompiledShape(compile_programs(sched, stages, tables.devices, total_mb))
+    runs = [
+        run_events(shape, tables, topo, total_mb, record=True, start_at_send=at_send)
+        for at_send in (True, False)
+    ]
+    fast, slow = runs
+    assert fast.clock == slow.clock
+    assert fast.link_free == slow.link_free
+    assert sorted(fast.raw_events) == sorted(slow.raw_events)
+    assert sorted(fast.raw_transfers) == sorted(slow.raw_transfers)
+    assert (fast.mem, fast.levels) == (slow.mem, slow.levels)
+    assert len(fast.raw_transfers) > 0 or len(stages) == 1
 
 
 def test_cached_programs_give_the_results_of_fresh_ones() -> None:
-    # Same shape (devices, microbatches), different layer ranges and times: the second call
-    # reuses the first one's compiled programs.
+    # Same shape (devices, microbatches), different layer ranges and times: the second
+    # partition reuses the first one's compiled programs; a copy of the order is compiled
+    # afresh.
     rng = random.Random(7)
     topo = uniform_topology(3, bandwidth=10e9, latency_ms=0.01)
-    for cuts in ([(0, 1), (2, 3), (4, 5)], [(0, 0), (1, 4), (5, 5)]):
+    for i, cuts in enumerate(([(0, 1), (2, 3), (4, 5)], [(0, 0), (1, 4), (5, 5)])):
         profile = _profile(rng, 6)
         stages = [StageSpec(i, c, [f"gpu{i}"]) for i, c in enumerate(cuts)]
-        cached = simulate(profile, topo, stages, "2bw", 6)
-        SIM._COMPILED.clear()
-        fresh = simulate(profile, topo, stages, "2bw", 6)
+        sched = build_schedule("2bw", stages, 6, iterations=STREAM_ITERATIONS)
+        assert sched.order is not None
+        fresh_sched = schedule_from_order(
+            "2bw", stages, copy.deepcopy(sched.order), 6, iterations=4, flush=False
+        )
+        before = SHAPES.info()
+        cached = simulate_schedule(profile, topo, stages, sched, 1)
+        after_cached = SHAPES.info()
+        fresh = simulate_schedule(profile, topo, stages, fresh_sched, 1)
+        if i:  # the second partition runs the first one's programs
+            assert after_cached.hits == before.hits + 1
+        assert SHAPES.info().misses == after_cached.misses + 1  # the copy: compiled afresh
         _same(cached, fresh)
+    assert SHAPES.info().size <= SHAPES.maxsize
 
 
 def _two_switches(rng: random.Random, n: int) -> object:
@@ -135,22 +162,18 @@ def _in_order_case(seed: int) -> tuple[Profile, list[StageSpec], object, int]:
 @pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "2bw", "written"])
 def test_the_pass_in_reference_order_gives_the_event_loops_results(
-    seed: int, schedule: str, monkeypatch: pytest.MonkeyPatch
+    seed: int, schedule: str
 ) -> None:
     # Over a topology the times are computed in one pass in the reference run's order
-    # (_run_in_order); the event loop is the definition it must reproduce to the bit.
+    # (engine="in_order", which refuses where it does not apply, so it did run); the
+    # event engine is the definition it must reproduce to the bit.
     profile, stages, topo, m = _in_order_case(seed)
     sched: object = schedule
     if schedule == "written":  # a hand-written schedule: explicit sends and receives
         sched = Schedule.from_dict(build_schedule("1f1b", stages, m).to_dict())
-    calls = []
-    fast_pass = SIM._run_in_order
-    monkeypatch.setattr(SIM, "_run_in_order", lambda *a, **k: calls.append(1) or fast_pass(*a, **k))
-    fast = simulate(profile, topo, stages, sched, m)
-    lean = simulate(profile, topo, stages, sched, m, events=False)
-    assert len(calls) == 2  # the pass did run
-    monkeypatch.setattr(SIM, "_IN_ORDER", False)
-    loop = simulate(profile, topo, stages, sched, m)
+    fast = simulate(profile, topo, stages, sched, m, engine="in_order")
+    lean = simulate(profile, topo, stages, sched, m, events=False, engine="in_order")
+    loop = simulate(profile, topo, stages, sched, m, engine="events")
     _same(fast, loop)
     assert fast.memory_timeline == loop.memory_timeline
     assert fast.makespan_ms == loop.makespan_ms
@@ -159,6 +182,7 @@ def test_the_pass_in_reference_order_gives_the_event_loops_results(
         loop.memory_bytes,
         loop.busy_ms,
     )
+    _same(simulate(profile, topo, stages, sched, m), fast)  # "auto" takes the pass
 
 
 def test_replicated_stages_and_deadlocks_keep_the_event_loop() -> None:
@@ -168,6 +192,9 @@ def test_replicated_stages_and_deadlocks_keep_the_event_loop() -> None:
     topo = uniform_topology(3, bandwidth=10e9)
     result = simulate(_profile(rng, 4), topo, stages, "1f1b", 4)
     assert [e.kind for e in result.events].count("ALLREDUCE") == 2
+    _same(simulate(_profile(random.Random(3), 4), topo, stages, "1f1b", 4, engine="events"), result)
+    with pytest.raises(InputError, match="in_order engine needs"):
+        simulate(_profile(rng, 4), topo, stages, "1f1b", 4, engine="in_order")
     two = [StageSpec(0, (0, 1), ["gpu0"]), StageSpec(1, (2, 3), ["gpu1"])]
     stuck = Schedule.from_dict(
         {
@@ -195,8 +222,8 @@ def test_peaks_and_busy_times_match_the_action_by_action_sums(huge: bool) -> Non
     durations = [[rng.uniform(0, 3) for _ in range(slots)] for _ in range(3)]
     work = [[rng.randrange(slots) for _ in range(n)] for n in (0, 1, 500)]
     static = [rng.randint(0, scale) for _ in range(3)]
-    fast = SIM._program_totals(work, durations, grows, shrinks, static)
-    exact = SIM._program_totals_exact(work, durations, grows, shrinks, static)
+    fast = program_totals(work, durations, grows, shrinks, static)
+    exact = program_totals_exact(work, durations, grows, shrinks, static)
     assert fast == exact
     peaks, busy = exact
     level, top, total = static[2], static[2], 0.0
@@ -206,3 +233,16 @@ def test_peaks_and_busy_times_match_the_action_by_action_sums(huge: bool) -> Non
         level += shrinks[slot]
         total += durations[2][slot]
     assert (peaks[2], busy[2]) == (top, total)
+
+
+def test_engines_are_chosen_by_name_and_options_are_spelled_out() -> None:
+    profile = synthetic_profile(4)
+    stages = [StageSpec(0, (0, 1), ["gpu0"]), StageSpec(1, (2, 3), ["gpu1"])]
+    free = simulate(profile, None, stages, "1f1b", 4, engine="events")
+    assert free.iteration_ms == simulate(profile, None, stages, "1f1b", 4).iteration_ms
+    with pytest.raises(InputError, match="in_order engine needs"):
+        simulate(profile, None, stages, "1f1b", 4, engine="in_order")  # no topology
+    with pytest.raises(InputError, match="unknown engine 'fast'"):
+        simulate(profile, None, stages, "1f1b", 4, engine="fast")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="evnts"):
+        simulate(profile, None, stages, "1f1b", 4, evnts=False)  # type: ignore[call-arg]

@@ -1,0 +1,81 @@
+"""A lower bound on a schedule's iteration time, reported beside the simulated one.
+
+Example::
+
+    lower_bound_ms(profile, topology, stages, 8, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from planner.plan import StageSpec
+from planner.profile.schema import Profile
+from planner.simulate.tables import compute_times, step_table
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["lower_bound_ms"]
+
+
+def lower_bound_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    num_microbatches: int,
+    microbatch_size: int,
+    *,
+    flush: bool = True,
+    split_backward: bool = False,
+    step_ms: float | Sequence[float] | None = None,
+) -> float:
+    """``max(total work / devices, busiest device's work, one microbatch's critical path)``.
+
+    Work is forward + backward (with recompute) on the device that runs each microbatch,
+    plus one optimizer step per stage the device holds (every replica steps once per
+    iteration; ``step_ms`` as in :func:`simulate`, default the profile's); the critical
+    path is forward through every stage, backward back, with the transfers between them
+    (no contention; a hand-written order may put a STEP anywhere, so the path leaves it
+    out). With ``split_backward`` (zb, optimized) only the input half of each
+    backward is on the path, plus the weight half of the stage it ends on. Schedules
+    without a flush (2bw) overlap iterations, so only the work terms bound them.
+
+    Example::
+
+        lower_bound_ms(profile, topology, stages, 8, 4)
+    """
+    times, cut = compute_times(profile, topology, stages, microbatch_size)
+    steps = step_table(profile, topology, stages, step_ms)
+    work: dict[str, float] = {}
+    for st in stages:
+        r = len(st.devices)
+        for j, dev in enumerate(st.devices):
+            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+            f, b, _, _ = times[(st.id, dev)]
+            work[dev] = work.get(dev, 0.0) + count * (f + b) + steps[(st.id, dev)]
+    bound = max(max(work.values()), sum(work.values()) / len(work))
+    if not flush:
+        return bound
+    path_max = 0.0
+    for k in range(min(num_microbatches, 64)):
+        devs = [st.replica(k) for st in stages]
+        # Forward down the pipeline, then the (input-)gradient back up.
+        down = 0.0
+        for s, st in enumerate(stages):
+            if s and topology is not None and devs[s - 1] != devs[s]:
+                down += topology.transfer_ms(devs[s - 1], devs[s], cut[s])
+            down += times[(st.id, devs[s])][0]
+        up = down
+        for s in range(len(stages) - 1, -1, -1):
+            _, b, bi, bw = times[(stages[s].id, devs[s])]
+            if s + 1 < len(stages) and topology is not None and devs[s + 1] != devs[s]:
+                up += topology.transfer_ms(devs[s + 1], devs[s], cut[s + 1])
+            if split_backward:
+                up += bi
+                path_max = max(path_max, up + bw)
+            else:
+                up += b
+        path_max = max(path_max, up)
+    return max(bound, path_max)

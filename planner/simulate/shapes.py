@@ -1,0 +1,129 @@
+"""Compiled programs per schedule shape, and the bounded cache that keeps the last few.
+
+The solver simulates many partitions of one shape (the same generated order, microbatches
+and device lists, other layer ranges): their programs are the same, because entries name
+slots in the duration tables rather than holding times, so only the tables are refilled.
+
+Example::
+
+    shape = SHAPES.get(schedule, stages, devices, total_mb)
+    shape.programs, shape.order(num_keys, total_mb, len(stages))
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+from planner.plan import StageSpec
+from planner.schedule import Schedule
+from planner.simulate.in_order import Order, reference_order
+from planner.simulate.links import send_ways
+from planner.simulate.program import LAST_COMPUTE, STEP, Program, compile_programs
+
+__all__ = ["SHAPES", "SHAPE_CACHE_SIZE", "CacheInfo", "CompiledShape", "ShapeCache"]
+
+# How many compiled shapes the package keeps: the solver alternates between few shapes at
+# a time, and a long stream's programs and order hold hundreds of thousands of tuples.
+SHAPE_CACHE_SIZE = 2
+
+
+class CompiledShape:
+    """Compiled programs and what depends on them alone: per program the slots of its work
+    (compute and optimizer steps) in program order, and (computed on first use) each send's
+    way and the reference run's order of execution for the fixed-order pass.
+
+    Example::
+
+        shape = CompiledShape(compile_programs(schedule, stages, devices, 8))
+        shape.work[0]     # slots of device 0's compute and steps
+    """
+
+    def __init__(self, programs: list[Program]) -> None:
+        import numpy as np  # here, as in program_totals
+
+        self.programs = programs
+        self.work = [
+            np.array([e[3] for e in prog if e[0] <= LAST_COMPUTE or e[0] == STEP], dtype=np.intp)
+            for prog in programs
+        ]
+        self._order: Order | None = None
+        self._no_order = False
+        self._ways: list[int] | None = None
+
+    def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
+        """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`),
+        for the event engine's link queues."""
+        if self._ways is None:
+            self._ways = send_ways(self.programs, num_keys, total_mb, num_stages)
+        return self._ways
+
+    def order(self, num_keys: int, total_mb: int, num_stages: int) -> Order | None:
+        """The reference run's order, or None where the event engine is needed: for
+        all-reduces (their barriers) and for schedules that deadlock (its message)."""
+        if self._order is None and not self._no_order:
+            self._order = reference_order(self.programs, num_keys, total_mb, num_stages)
+            self._no_order = self._order is None
+        return self._order
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+class ShapeCache:
+    """The compiled shapes of the last ``maxsize`` generated orders, least recently used
+    dropped first. A shape is keyed by its order's identity (orders are cached per name,
+    microbatches and device lists by :mod:`planner.schedule`; the entry holds the order,
+    so its id cannot be reused while cached), the microbatch counts and the device lists.
+    Written (expanded) schedules are compiled afresh each time.
+
+    Example::
+
+        cache = ShapeCache(2)
+        cache.get(schedule, stages, devices, 8) is cache.get(schedule, stages, devices, 8)
+        cache.info()     # CacheInfo(hits=1, misses=1, size=1, maxsize=2)
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._entries: OrderedDict[Hashable, tuple[Any, CompiledShape]] = OrderedDict()
+        self._hits = self._misses = 0
+
+    def get(
+        self, schedule: Schedule, stages: Sequence[StageSpec], devices: list[str], total_mb: int
+    ) -> CompiledShape:
+        """The compiled shape of ``schedule`` on ``devices``, from the cache if there."""
+        if schedule.order is None or schedule._devices is not None:
+            return CompiledShape(compile_programs(schedule, stages, devices, total_mb))
+        key = (
+            id(schedule.order),
+            schedule.num_microbatches,
+            total_mb,
+            tuple(devices),
+            tuple(tuple(st.devices) for st in stages),
+        )
+        found = self._entries.get(key)
+        if found is not None and found[0] is schedule.order:
+            self._entries.move_to_end(key)
+            self._hits += 1
+            return found[1]
+        self._misses += 1
+        shape = CompiledShape(compile_programs(schedule, stages, devices, total_mb))
+        self._entries[key] = (schedule.order, shape)
+        while len(self._entries) > self.maxsize:
+            self._entries.popitem(last=False)
+        return shape
+
+    def info(self) -> CacheInfo:
+        """Hits, misses and size, as ``functools.lru_cache`` reports them."""
+        return CacheInfo(self._hits, self._misses, len(self._entries), self.maxsize)
+
+
+# The package's cache (the only state the simulator keeps between calls; bounded, and no
+# result depends on it).
+SHAPES = ShapeCache(SHAPE_CACHE_SIZE)

@@ -1,0 +1,354 @@
+"""Per-stage tables: what each action costs on each device, in time and in memory.
+
+Compute times (with recompute), optimizer steps (with the exchange of tied gradients and
+fp16's overflow agreement), replicas' all-reduces, the bytes crossing each cut, and the
+memory held (weights, gradients, optimizer state, a second weight version without a
+flush) and taken and given back by each kind of action (stashed activations, rebuilt
+ones under recompute, CUDA workspaces). :class:`StageTables` lays them out per device
+and slot (``stage * SLOTS + code``) for the engines.
+
+Example::
+
+    tables = stage_tables(profile, topology, stages, schedule, 4)
+    tables.durations[0][0 * SLOTS + Code.F]     # F of stage 0 on the first device, ms
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.cost import (
+    boundary_bytes,
+    stage_activation_bytes,
+    stage_param_bytes,
+    stage_static_bytes,
+    stage_step_ms,
+    stage_step_workspace_bytes,
+    stage_tied_parameters,
+    stage_times,
+    stage_workspace_bytes,
+)
+from planner.errors import InputError
+from planner.plan import StageSpec
+from planner.profile.schema import Profile
+from planner.schedule import ActionType, Schedule
+from planner.simulate.program import ALLREDUCE, SLOTS, STEP, devices_of
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = [
+    "StageTables",
+    "compute_times",
+    "overflow_agreement_ms",
+    "reference_durations",
+    "stage_tables",
+    "step_table",
+    "tied_exchange_ms",
+]
+
+# Per (stage, device): forward, backward, input-gradient and weight-gradient times, ms.
+ComputeTimes = dict[tuple[int, str], tuple[float, float, float, float]]
+
+
+@dataclass
+class StageTables:
+    """What the engines read, per device in program order and per slot.
+
+    ``durations[i][slot]``: how long the action of ``slot`` takes on device ``i``;
+    ``grows[slot]`` / ``shrinks[slot]``: the memory taken at its start and given back at
+    its end (the same on every device); ``static``: the bytes each device holds
+    throughout; ``cut[s]``: the bytes entering stage ``s`` from ``s - 1`` (activations
+    forward, gradients backward); ``steps``: each (stage, device)'s STEP, as timed;
+    ``replicas[s]``: how many devices run stage ``s`` (and meet at its all-reduces).
+
+    Example::
+
+        tables = stage_tables(profile, None, stages, schedule, 4, None)
+        tables.durations[0][SLOTS * 1 + Code.B]     # B of stage 1 on the first device
+    """
+
+    devices: list[str]
+    durations: list[list[float]]
+    grows: list[int]
+    shrinks: list[int]
+    static: dict[str, int]
+    cut: list[int]
+    steps: dict[tuple[int, str], float]
+    replicas: list[int]
+
+
+def speed(topology: Topology | None, device: str) -> float:
+    """A device's speed (1 without a topology).
+
+    Example::
+
+        speed(None, "gpu0")     # 1.0
+    """
+    return 1.0 if topology is None else topology.device(device).speed
+
+
+def compute_times(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    microbatch_size: int,
+) -> tuple[ComputeTimes, list[int]]:
+    """Per (stage, device) the compute times at the device's speed, and per stage the
+    bytes that enter it from the previous one.
+
+    Example::
+
+        times, cut = compute_times(profile, None, stages, 4)
+        times[(0, "gpu0")]     # (forward, backward, input grad, weight grad) ms
+    """
+    times = {}
+    for st in stages:
+        for dev in st.devices:
+            t = stage_times(
+                profile,
+                st.first,
+                st.last,
+                microbatch_size,
+                speed=speed(topology, dev),
+                recompute=st.recompute,
+            )
+            times[(st.id, dev)] = (t.forward_ms, t.backward_ms, t.input_grad_ms, t.weight_grad_ms)
+    # Bytes entering stage s from stage s-1 (activations forward, gradients backward).
+    cut = [0] + [boundary_bytes(profile, st.first - 1, microbatch_size) for st in stages[1:]]
+    return times, cut
+
+
+def step_table(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    step_ms: float | Sequence[float] | None,
+) -> dict[tuple[int, str], float]:
+    """The STEP duration of each stage on each of its devices.
+
+    ``None``: the profile's optimizer step of the stage's layers at the device's speed; a
+    number (or one per stage) given explicitly is taken as it is, on every device.
+
+    Example::
+
+        step_table(profile, topology, stages, None)    # {(0, 'gpu0'): 0.8, (1, 'gpu1'): 0.7}
+    """
+    if step_ms is None:
+        return {
+            (st.id, d): stage_step_ms(profile, st.first, st.last, speed=speed(topology, d))
+            for st in stages
+            for d in st.devices
+        }
+    if isinstance(step_ms, int | float):
+        given = [float(step_ms)] * len(stages)
+    else:
+        given = [float(x) for x in step_ms]
+        if len(given) != len(stages):
+            raise InputError(
+                f"expected one step time per stage ({len(stages)}), got {len(given)}",
+                field="step_ms",
+            )
+    return {(st.id, d): given[st.id] for st in stages for d in st.devices}
+
+
+def tied_exchange_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+) -> dict[tuple[int, str], float]:
+    """The time each device spends exchanging tied gradients, keyed by the STEP that pays it.
+
+    Per tied parameter: a ring all-reduce of its ``param_bytes`` (the topology's
+    ``allreduce_ms``) among every device of every stage that uses it. A device pays the
+    exchanges of all the tied parameters it holds in its first ``STEP`` of a stage that
+    holds any (where the runtime exchanges them). Nothing without a topology (free
+    communication) or when one device holds all copies of a parameter.
+
+    Example::
+
+        tied_exchange_ms(profile, topology, stages, build_schedule("1f1b", stages, 8))
+        # {(0, 'gpu0'): 0.41, (3, 'gpu1'): 0.41}
+    """
+    out: dict[tuple[int, str], float] = {}
+    if topology is None or not profile.tied_parameters:
+        return out
+    per_device: dict[str, float] = {}
+    holding: set[int] = set()  # stages that hold any tied parameter
+    for tie in profile.tied_parameters:
+        holders = [st for st in stages if tie.held_by(st.first, st.last)]
+        holding.update(st.id for st in holders)
+        devices = list(dict.fromkeys(d for st in holders for d in st.devices))
+        if len(devices) > 1:
+            ms = topology.allreduce_ms(devices, tie.param_bytes)
+            for d in devices:
+                per_device[d] = per_device.get(d, 0.0) + ms
+    for d, ms in per_device.items():
+        steps = (a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP)
+        first = next((s for s in steps if s in holding), None)
+        if first is not None:  # a hand-made list without a STEP: nothing to pay there
+            out[(first, d)] = ms
+    return out
+
+
+def overflow_agreement_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+) -> dict[tuple[int, str], float]:
+    """fp16: the all-reduce (MAX) of one overflow flag among every device, keyed by each
+    device's first STEP, where the runtime agrees on it (:mod:`planner.runtime.loss_scale`).
+    Nothing for another precision, without a topology, or on one device. The wait for the
+    slowest device that this agreement also is, is not modelled.
+
+    Example::
+
+        overflow_agreement_ms(fp16_profile, topology, stages, schedule)
+        # {(0, 'gpu0'): 0.011, (1, 'gpu1'): 0.011}
+    """
+    if profile.precision != "fp16" or topology is None:
+        return {}
+    devices = devices_of(schedule, stages)
+    if len(devices) < 2:
+        return {}
+    ms = topology.allreduce_ms(devices, 4)
+    out: dict[tuple[int, str], float] = {}
+    for d in devices:
+        steps = [a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP]
+        if steps:
+            out[(steps[0], d)] = ms
+    return out
+
+
+def _replica_allreduce_bytes(profile: Profile, spec: StageSpec) -> int:
+    """What a replicated stage's ALLREDUCE sums: its gradients less the tied ones."""
+    total = stage_param_bytes(profile, spec.first, spec.last)
+    if not profile.tied_parameters:
+        return total
+    return total - sum(t.param_bytes for t in stage_tied_parameters(profile, spec.first, spec.last))
+
+
+def _static_bytes(
+    profile: Profile, stages: Sequence[StageSpec], devices: list[str], weight_versions: int
+) -> dict[str, int]:
+    """Per device: weights, gradients and optimizer state of its stages (and the extra
+    weight versions of a schedule without a flush)."""
+    static = dict.fromkeys(devices, 0)
+    for spec in stages:
+        per_dev = stage_static_bytes(profile, spec.first, spec.last, replicas=len(spec.devices))
+        per_dev += (weight_versions - 1) * stage_param_bytes(profile, spec.first, spec.last)
+        for d in spec.devices:
+            if d in static:
+                static[d] += per_dev
+    return static
+
+
+def _memory_deltas(
+    profile: Profile, stages: Sequence[StageSpec], microbatch_size: int
+) -> tuple[list[int], list[int]]:
+    """Per slot the memory taken at the action's start and given back at its end.
+
+    The stash is taken when a forward starts and freed when B (or W) ends; with recompute
+    the rebuilt activations exist from the start of B (or I) until it (or W) ends; the
+    workspace exists while each runs; the optimizer step's temporaries while STEP runs.
+    """
+    grows = [0] * (SLOTS * len(stages))
+    shrinks = [0] * (SLOTS * len(stages))
+    for si, s in enumerate(stages):
+        stash = stage_activation_bytes(
+            profile, s.first, s.last, microbatch_size, recompute=s.recompute
+        )
+        rebuilt = (
+            stage_activation_bytes(profile, s.first, s.last, microbatch_size) if s.recompute else 0
+        )
+        scratch = stage_workspace_bytes(profile, s.first, s.last, microbatch_size)
+        deltas = (
+            (stash + scratch, -scratch),
+            (rebuilt + scratch, -stash - rebuilt - scratch),
+            (rebuilt + scratch, -scratch),
+            (scratch, -stash - rebuilt - scratch),
+        )
+        for code in range(4):
+            grows[si * SLOTS + code], shrinks[si * SLOTS + code] = deltas[code]
+        step_work = stage_step_workspace_bytes(profile, s.first, s.last)
+        grows[si * SLOTS + STEP], shrinks[si * SLOTS + STEP] = step_work, -step_work
+    return grows, shrinks
+
+
+def _step_times(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+    step_ms: float | Sequence[float] | None,
+) -> dict[tuple[int, str], float]:
+    """Each STEP as timed: the optimizer step, plus the tied and overflow exchanges the
+    device pays in it."""
+    steps = step_table(profile, topology, stages, step_ms)
+    for key, ms in tied_exchange_ms(profile, topology, stages, schedule).items():
+        steps[key] += ms
+    for key, ms in overflow_agreement_ms(profile, topology, stages, schedule).items():
+        steps[key] += ms
+    return steps
+
+
+def stage_tables(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+    microbatch_size: int,
+    step_ms: float | Sequence[float] | None,
+) -> StageTables:
+    """The tables for timing ``schedule`` (see :class:`StageTables`).
+
+    Example::
+
+        stage_tables(profile, None, stages, build_schedule("1f1b", stages, 8), 4, None)
+    """
+    times, cut = compute_times(profile, topology, stages, microbatch_size)
+    devices = devices_of(schedule, stages)
+    steps = _step_times(profile, topology, stages, schedule, step_ms)
+    static = _static_bytes(profile, stages, devices, 1 if schedule.flush else 2)
+    allreduce_ms = [
+        (
+            topology.allreduce_ms(s.devices, _replica_allreduce_bytes(profile, s))
+            if topology is not None and len(s.devices) > 1
+            else 0.0
+        )
+        for s in stages
+    ]
+    durations: list[list[float]] = []
+    for d in devices:
+        table = [0.0] * (SLOTS * len(stages))
+        for si in range(len(stages)):
+            if (si, d) in times:
+                table[si * SLOTS : si * SLOTS + 4] = times[(si, d)]
+                table[si * SLOTS + ALLREDUCE] = allreduce_ms[si]
+                table[si * SLOTS + STEP] = steps[(si, d)]
+        durations.append(table)
+    grows, shrinks = _memory_deltas(profile, stages, microbatch_size)
+    replicas = [len(st.devices) for st in stages]
+    return StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
+
+
+def reference_durations(tables: StageTables, topology: Topology) -> list[list[float]]:
+    """The durations of the reference run that fixes the links' order: the profile's compute
+    times (on speed-1 devices: each device's times times its speed), and no time for
+    all-reduces and steps.
+
+    Example::
+
+        reference_durations(tables, topology)[0][0]   # F of stage 0, as profiled
+    """
+    out = []
+    for dtab, d in zip(tables.durations, tables.devices, strict=True):
+        sp = topology.device(d).speed
+        ref = [x * sp for x in dtab]
+        ref[ALLREDUCE::SLOTS] = ref[STEP::SLOTS] = [0.0] * (len(ref) // SLOTS)
+        out.append(ref)
+    return out

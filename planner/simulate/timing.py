@@ -1,0 +1,255 @@
+"""Time an explicit schedule: its tables, its compiled shape, an engine, the result.
+
+Two engines give the same numbers, bit for bit (``tests/test_simulate_engines.py``):
+
+* ``"events"``: the event engine (:mod:`planner.simulate.events`), the definition; it runs
+  everything, and reports deadlocks;
+* ``"in_order"``: the fixed-order pass (:mod:`planner.simulate.in_order`), several times
+  faster for long no-flush streams; it needs a topology and a schedule without all-reduces
+  that does not deadlock;
+* ``"auto"`` (the default) takes the fixed-order pass where it applies, else the events.
+
+Example::
+
+    simulate_schedule(profile, topology, stages, build_schedule("1f1b", stages, 8), 4)
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
+
+from planner.errors import InputError
+from planner.plan import StageSpec
+from planner.profile.schema import Profile
+from planner.schedule import Schedule
+from planner.schedule.tied import defer_tied_steps
+from planner.simulate.events import EventEngine
+from planner.simulate.in_order import run_in_order
+from planner.simulate.links import link_queues
+from planner.simulate.result import EngineOutput, SimResult, bubble
+from planner.simulate.shapes import SHAPES, CompiledShape
+from planner.simulate.tables import StageTables, reference_durations, stage_tables
+from planner.simulate.totals import program_totals
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["ENGINES", "Engine", "pausing_gc", "simulate_schedule"]
+
+Engine = Literal["auto", "events", "in_order"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def pausing_gc(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` with the cyclic garbage collector paused (as it was before, after).
+
+    A long stream allocates hundreds of thousands of small tuples that form no cycles;
+    the collector would walk them again and again during the run, and paused it walks
+    them once, at its first collection afterwards (warm 64 x 512 2bw runs with events
+    measured about 0.04 s of collection per run instead of 0.15 s).
+
+    Example::
+
+        @pausing_gc
+        def simulate_many() -> None: ...
+    """
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run
+
+
+@pausing_gc
+def simulate_schedule(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+    microbatch_size: int,
+    *,
+    step_ms: float | Sequence[float] | None = None,
+    events: bool = True,
+    engine: Engine = "auto",
+) -> SimResult:
+    """Time an explicit schedule (no validation, no lower bound).
+
+    ``events=False`` skips the event lists and memory curves (for solver loops);
+    ``engine`` picks how the times are computed (see the module's description). A
+    schedule that deadlocks raises an InputError naming where each device waits.
+
+    Example::
+
+        simulate_schedule(profile, None, stages, build_schedule("1f1b", stages, 8), 4)
+    """
+    if engine not in ENGINES:
+        raise InputError(
+            f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}", field="engine"
+        )
+    if profile.tied_parameters or profile.precision == "fp16":
+        schedule = with_deferred_steps(profile, stages, schedule)
+    tables = stage_tables(profile, topology, stages, schedule, microbatch_size, step_ms)
+    total_mb = schedule.num_microbatches * schedule.iterations
+    shape = SHAPES.get(schedule, stages, tables.devices, total_mb)
+    run = _run_engine(engine, shape, tables, topology, total_mb, record=events)
+    return _result(run, shape, tables, topology, stages, schedule, microbatch_size, events)
+
+
+def with_deferred_steps(
+    profile: Profile, stages: Sequence[StageSpec], schedule: Schedule
+) -> Schedule:
+    """The order the runtime runs: STEPs of tie-holding stages (of every stage in fp16,
+    where all ranks agree on overflows at the first) after the device's backward work on
+    such stages (:func:`planner.schedule.tied.defer_tied_steps`).
+
+    Example::
+
+        with_deferred_steps(tied_profile, stages, build_schedule("1f1b", stages, 8))
+    """
+    holding = frozenset(
+        st.id
+        for st in stages
+        if profile.precision == "fp16"
+        or any(t.held_by(st.first, st.last) for t in profile.tied_parameters)
+    )
+    deferred = defer_tied_steps(schedule.devices, holding, schedule.num_microbatches)
+    if deferred == schedule.devices:
+        return schedule
+    return Schedule(
+        schedule.name,
+        schedule.num_stages,
+        schedule.num_microbatches,
+        deferred,
+        virtual_stages=schedule.virtual_stages,
+        flush=schedule.flush,
+        iterations=schedule.iterations,
+        meta=schedule.meta,
+    )
+
+
+def _run_engine(
+    engine: Engine,
+    shape: CompiledShape,
+    tables: StageTables,
+    topology: Topology | None,
+    total_mb: int,
+    *,
+    record: bool,
+) -> EngineOutput:
+    """The times by the chosen engine (``auto``: the fixed-order pass where it applies)."""
+    num_stages = len(tables.replicas)
+    num_keys = 2 * num_stages * total_mb
+    if engine != "events" and topology is not None:
+        order = shape.order(num_keys, total_mb, num_stages)
+        if order is not None:
+            return run_in_order(order, topology, tables, num_keys, record=record)
+    if engine == "in_order":
+        raise InputError(
+            "the in_order engine needs a topology and a schedule without all-reduces that "
+            "does not deadlock; use engine 'events' or 'auto'",
+            field="engine",
+        )
+    return run_events(shape, tables, topology, total_mb, record=record)
+
+
+def run_events(
+    shape: CompiledShape,
+    tables: StageTables,
+    topology: Topology | None,
+    total_mb: int,
+    *,
+    record: bool,
+    start_at_send: bool = True,
+) -> EngineOutput:
+    """The times by the event engine; over a topology, the links' queues come first from
+    the reference run (the same engine with free communication over the reference
+    durations). ``start_at_send`` as in :class:`~planner.simulate.events.EventEngine`.
+
+    Example::
+
+        run_events(shape, tables, None, 8, record=True).clock
+    """
+    num_keys = 2 * len(tables.replicas) * total_mb
+    programs = shape.programs
+    links = None
+    if topology is not None:
+        ref_durations = reference_durations(tables, topology)
+        ref = EventEngine(programs, ref_durations, tables, num_keys, links=None, record=False)
+        sends: list[int] = []
+        ref.sends = sends  # the reference run lists its sends in the order they run
+        ref.run()
+        ways = shape.ways(num_keys, total_mb, len(tables.replicas))
+        links = link_queues(topology, tables.devices, tables.cut, ways, sends, ref.arrival)
+    engine = EventEngine(
+        programs,
+        tables.durations,
+        tables,
+        num_keys,
+        links=links,
+        record=record,
+        start_at_send=start_at_send,
+    )
+    engine.run()
+    stuck = engine.stuck(tables.devices, total_mb)
+    if stuck:
+        raise InputError("the schedule deadlocks: " + ", ".join(stuck[:4]), field="schedule")
+    return engine.output()
+
+
+def _result(
+    run: EngineOutput,
+    shape: CompiledShape,
+    tables: StageTables,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+    microbatch_size: int,
+    record: bool,
+) -> SimResult:
+    """The :class:`SimResult` of an engine's run (no lower bound yet)."""
+    devices = tables.devices
+    makespan = max(run.clock, default=0.0)
+    makespan = max(makespan, max(run.link_free, default=0.0))
+    static = [tables.static[d] for d in devices]
+    peak_list, busy = program_totals(
+        shape.work, tables.durations, tables.grows, tables.shrinks, static
+    )
+    timeline: dict[str, list[tuple[float, int]]] = {}
+    if record:
+        for i, d in enumerate(devices):
+            timeline[d] = [*run.mem[i], (makespan, run.levels[i])]
+    busy_ms = dict(zip(devices, busy, strict=True))
+    limits = {d: topology.device(d).memory_bytes for d in devices} if topology is not None else {}
+    return SimResult(
+        iteration_ms=makespan,
+        memory_bytes=dict(zip(devices, peak_list, strict=True)),
+        busy_ms=busy_ms,
+        bubble_fraction=bubble(busy_ms, makespan),
+        lower_bound_ms=0.0,
+        staleness=None,
+        raw_events=run.raw_events,
+        device_names=devices,
+        schedule=schedule,
+        raw_transfers=run.raw_transfers,
+        memory_timeline=timeline,
+        memory_limit_bytes=limits,
+        static_bytes=tables.static,
+        makespan_ms=makespan,
+        microbatch_size=microbatch_size,
+        num_microbatches=schedule.num_microbatches,
+        iterations=schedule.iterations,
+        step_ms=[max(tables.steps[(st.id, d)] for d in st.devices) for st in stages],
+    )
