@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.simulate.tables import compute_times, step_table
+from planner.stages import StageSpec
 
 if TYPE_CHECKING:
     from planner.topology import Topology

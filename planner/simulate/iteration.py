@@ -16,12 +16,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from planner.plan import StageSpec, as_stages, validate_stages
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import ActionType, Schedule, build_schedule, validate_schedule
 from planner.simulate.bounds import lower_bound_ms
 from planner.simulate.result import SimResult, bubble
 from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
+from planner.stages import StageSpec, as_stages, validate_stages
 
 if TYPE_CHECKING:
     from planner.topology import Topology

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Final
 
-from planner.plan import StageSpec
 from planner.schedule import ActionType, Schedule
+from planner.stages import StageSpec
 
 __all__ = [
     "ALLREDUCE",

@@ -16,11 +16,11 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
-from planner.plan import StageSpec
 from planner.schedule import Schedule
 from planner.simulate.in_order import Order, reference_order
 from planner.simulate.links import send_ways
 from planner.simulate.program import LAST_COMPUTE, STEP, Program, compile_programs
+from planner.stages import StageSpec
 
 __all__ = ["SHAPES", "SHAPE_CACHE_SIZE", "CacheInfo", "CompiledShape", "ShapeCache"]
 

@@ -31,10 +31,10 @@ from planner.cost import (
     stage_workspace_bytes,
 )
 from planner.errors import InputError
-from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule import ActionType, Schedule
 from planner.simulate.program import ALLREDUCE, SLOTS, STEP, devices_of
+from planner.stages import StageSpec
 
 if TYPE_CHECKING:
     from planner.topology import Topology

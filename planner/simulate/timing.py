@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
 
 from planner.errors import InputError
-from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule import Schedule
 from planner.schedule.tied import defer_tied_steps
@@ -33,6 +32,7 @@ from planner.simulate.result import EngineOutput, SimResult, bubble
 from planner.simulate.shapes import SHAPES, CompiledShape
 from planner.simulate.tables import StageTables, reference_durations, stage_tables
 from planner.simulate.totals import program_totals
+from planner.stages import StageSpec
 
 if TYPE_CHECKING:
     from planner.topology import Topology
