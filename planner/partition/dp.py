@@ -192,12 +192,21 @@ class _Tables:
             extra = slot.allreduce(costs.params[j + 1] - costs.params[i]) / max(m, 1)
         self.t_off = (fwd + bwd) / (slot.speed * r) + extra
         self.t_on = self.t_off + fwd / (slot.speed * r)
+        # The DP asks for the same (held, recompute) many times across depths and shapes.
+        self._costs: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
 
     def cost(self, in_flight: int, allow_recompute: bool) -> tuple[np.ndarray, np.ndarray]:
         """``(C, recompute)``: per-microbatch cost (inf = does not fit) and where recompute
-        is what makes it fit."""
+        is what makes it fit (read-only arrays, computed once per microbatches held)."""
         # Replicas take microbatches round robin, so each stashes its share of the stage's.
         held = -(-in_flight // self.replicas)
+        key = (held, allow_recompute)
+        hit = self._costs.get(key)
+        if hit is None:
+            hit = self._costs[key] = self._cost(held, allow_recompute)
+        return hit
+
+    def _cost(self, held: int, allow_recompute: bool) -> tuple[np.ndarray, np.ndarray]:
         mem_off = self.base + held * self.saved
         fits = mem_off <= self.limit
         cost = np.where(fits & self.valid, self.t_off, _INF)
@@ -206,6 +215,8 @@ class _Tables:
             mem_on = self.base + held * self.inputs + (self.saved if held > 0 else 0.0)
             recompute = ~fits & (mem_on <= self.limit) & self.valid
             cost = np.where(recompute, self.t_on, cost)
+        cost.setflags(write=False)
+        recompute.setflags(write=False)
         return cost, recompute
 
 
@@ -230,8 +241,8 @@ def _matrices(
     table = _tables(costs, slot, weight_versions, num_microbatches)
     cost, recompute = table.cost(in_flight, allow_recompute)
     if link_ms is not None:
-        cost = cost + np.asarray(link_ms(costs.cut_bytes))[None, :]
-    return cost, recompute
+        return cost + np.asarray(link_ms(costs.cut_bytes))[None, :], recompute
+    return cost.copy(), recompute  # the caller marks cells of its own copy
 
 
 def partition_chain(
