@@ -164,30 +164,6 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _slice(value: Any, lo: int, hi: int) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value[lo:hi]
-    if isinstance(value, tuple | list):
-        return type(value)(_slice(v, lo, hi) for v in value)
-    if isinstance(value, dict):
-        return {k: _slice(v, lo, hi) for k, v in value.items()}
-    return value
-
-
-def _to(value: Any, device: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
-
-
 def plain_loop(
     model_path: Path, device_type: str, precision: str, mbs: int, steps: int, warmup: int
 ) -> dict[str, Any]:
@@ -199,6 +175,7 @@ def plain_loop(
     from planner.precision import autocast
     from planner.profile.export_graph import call_for_training
     from planner.profile.loader import load_model_file
+    from planner.tensors import slice_batch, to_device
 
     cuda = device_type == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -214,9 +191,9 @@ def plain_loop(
         torch.manual_seed(step)
         x, y = user.batch(mbs * MICROBATCHES)
         parts = [
-            (_to(_slice(x, k * mbs, (k + 1) * mbs), device), _to(_slice(y, k * mbs, (k + 1) * mbs), device))  # noqa: E501
+            to_device(slice_batch((x, y), k * mbs, (k + 1) * mbs), device)
             for k in range(MICROBATCHES)
-        ]  # fmt: skip
+        ]
         if cuda:
             torch.cuda.synchronize(device)
         start = time.perf_counter()

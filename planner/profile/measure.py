@@ -70,6 +70,7 @@ from planner.profile.pass_timing import (
 )
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.profile.tied import find_tied_parameters
+from planner.tensors import detach, tensors, to_device
 
 __all__ = [
     "OPTIMIZERS",
@@ -325,8 +326,8 @@ def _prepare_size(
     from planner.profile.split import tensor_bytes
 
     inputs, targets = user.batch(size)
-    inputs = _to(inputs, settings.device)
-    targets = _to(targets, settings.device)
+    inputs = to_device(inputs, settings.device)
+    targets = to_device(targets, settings.device)
     split = _split_for(user, split, inputs, split_at)
     values: Any = split.flat_inputs(inputs)
     passes = ModelPasses(
@@ -344,7 +345,7 @@ def _prepare_size(
         run = _Runner.for_layer(layer, values, loss, settings)
         outputs, saved, workspace = run.inspect()
         facts.append((tensor_bytes(outputs), saved, workspace))
-        values = _detach(outputs)
+        values = detach(outputs)
         runners.append(run)
     for p in passes.all_params:  # the isolated runs leave no gradients; the passes do
         p.grad = None
@@ -510,7 +511,7 @@ def _measure(
     run = _Runner.for_layer(layer, values, loss, settings)
     outputs, saved, workspace = run.inspect()
     samples = _time_runners([run], settings)[0]
-    return _timing(samples, tensor_bytes(outputs), saved, workspace), _detach(outputs)
+    return _timing(samples, tensor_bytes(outputs), saved, workspace), detach(outputs)
 
 
 def _time_runners(
@@ -602,7 +603,7 @@ class _Runner:
         if loss is not None:
             return out, [_not_a_view(loss)]
         # A value passed through unchanged is a leaf: its gradient costs nothing.
-        roots = [_not_a_view(t) for t in _tensors(out) if t.grad_fn is not None]
+        roots = [_not_a_view(t) for t in tensors(out) if t.grad_fn is not None]
         if self.grads is None:
             # Fixed, non-trivial output gradients, as the next stage would send.
             self.grads = [torch.full_like(t, 0.5) for t in roots]
@@ -743,7 +744,7 @@ def _prepare(
     model = user.build().to(settings.device)
     model.train()
     inputs, targets = user.batch(size)
-    inputs, targets = _to(inputs, settings.device), _to(targets, settings.device)
+    inputs, targets = to_device(inputs, settings.device), to_device(targets, settings.device)
     try:
         with settings.autocast():
             outputs = call_for_training(model, inputs)
@@ -804,28 +805,6 @@ def _leaf(value: Any) -> Any:
     return value
 
 
-def _detach(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, tuple | list):
-        return type(value)(_detach(v) for v in value)
-    return value
-
-
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _not_a_view(t: Any) -> Any:
     # The zero-bubble input half detaches its roots in place, which torch refuses for views;
     # a view output (a transpose, a slice) is rare, and cloning it costs one small copy.
@@ -833,24 +812,12 @@ def _not_a_view(t: Any) -> Any:
 
 
 def _tensor_bytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
+    return sum(t.numel() * t.element_size() for t in tensors(value))
 
 
 def _storage_key(t: Any) -> tuple[str, int]:
     # Tensors sharing one storage (views, a value saved by two ops) are counted once.
     return (str(t.device), t.untyped_storage().data_ptr())
-
-
-def _to(value: Any, device: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value
 
 
 def check_timing(name: str | None, device_type: str = "cpu") -> str:

@@ -42,6 +42,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from planner.tensors import leaf, tensors
+
 __all__ = [
     "CudaClock",
     "CudaMemory",
@@ -343,7 +345,7 @@ class ModelPasses:
                 else:
                     if cuts is not None:
                         seen = {id(v) for v in values if isinstance(v, torch.Tensor)}
-                        cuts.hook(k, [t for t in _tensors(out) if id(t) not in seen])
+                        cuts.hook(k, [t for t in tensors(out) if id(t) not in seen])
                     values = out
                 if on_layer is not None:
                     on_layer(k)
@@ -389,7 +391,7 @@ class ModelPasses:
         last = len(self.layers) - 1
         with self.autocast():
             for k, layer in enumerate(self.layers):
-                leaves = [_leaf(v) for v in values] if k > 0 else list(values)
+                leaves = [leaf(v) for v in values] if k > 0 else list(values)
                 out = layer(*leaves)
                 wants = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
                 if k == last:
@@ -559,26 +561,3 @@ def _backward(roots: list[Any], grads: list[Any] | None) -> None:
     import torch
 
     torch.autograd.backward(roots, grads)
-
-
-def _leaf(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        if leaf.is_floating_point():
-            leaf.requires_grad_(True)
-        return leaf
-    return value
-
-
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from planner.tensors import leaf
+
 __all__ = ["StageRuntime"]
 
 
@@ -98,7 +100,7 @@ class StageRuntime:
         ``inputs`` of a stage after the first are leaves made here, so the backward can
         return their gradients.
         """
-        leaves = [_leaf(v) for v in inputs] if self.stage_id > 0 else list(inputs)
+        leaves = [leaf(v) for v in inputs] if self.stage_id > 0 else list(inputs)
         params = self.params_for(k // self.num_microbatches)
         with self.autocast():  # checkpoint's recompute restores this autocast state
             if self.recompute:
@@ -191,12 +193,3 @@ class StageRuntime:
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 out.append(v.grad if v.grad is not None else torch.zeros_like(v))
         return out
-
-
-def _leaf(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        leaf = value.detach()
-        if leaf.is_floating_point():
-            leaf.requires_grad_(True)
-        return leaf
-    return value
