@@ -107,11 +107,9 @@ def check_plan(
     from planner.plan_inputs import check_unchanged, find_file
     from planner.profile.loader import load_model_file
     from planner.profile.schema import load_profile
-    from planner.schedule import Schedule, validate_schedule
 
     where = plan_source or "<plan>"
-    schedule = Schedule.from_dict(plan.schedule, source=where)
-    validate_schedule(schedule, plan.stages, source=where)
+    schedule = plan.schedule
     if schedule.iterations != 1:
         raise InputError(
             f"the schedule lists {schedule.iterations} iterations; run executes one "
@@ -133,7 +131,7 @@ def check_plan(
     }
     found = find_file(plan.profile, plan_source)
     if found is None:
-        notes.append(f"profile {plan.profile.get('path')!r} not found: model source not checked")
+        notes.append(f"profile {plan.profile.path!r} not found: model source not checked")
     else:
         check_unchanged(found, plan.profile, "profile", where)
         profile = load_profile(found)
@@ -247,6 +245,8 @@ def prepare_run(
     if not isinstance(plan, Plan):
         plan_source = str(plan)
         plan = Plan.load(plan)
+    else:  # built in memory: checked as Plan.load checks a file
+        plan.validate(source=plan_source or "<plan>")
     settings = check_plan(plan, model_path, plan_source)
     _check_split(settings, model_path, plan)
     placement = place(plan.stages, device, world_size=world_size, device_map=device_map)
@@ -259,7 +259,7 @@ def prepare_run(
         settings["notes"].append(
             "devices shared: several plan devices run in one process (" + "; ".join(shared) + ")"
         )
-    if plan.schedule.get("name") == "2bw" or not settings["schedule"].flush:
+    if plan.schedule.name == "2bw" or not plan.schedule.flush:
         from planner.runtime.worker import stream_2bw
 
         _, stream = stream_2bw(settings["schedule"], plan.stages, plan.num_microbatches, 2)

@@ -30,7 +30,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
 
 __all__ = ["FAULT_ENV", "stream_2bw", "worker_entry", "worker_main"]
 
@@ -138,7 +141,6 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     from planner.profile.split import capture_model
     from planner.runtime.comm import cut_specs
     from planner.runtime.placement import Placement
-    from planner.schedule.actions import Schedule
 
     run_dir = Path(config["run_dir"])
     placement = Placement.from_dict(config["placement"])
@@ -146,7 +148,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     _heartbeat(run_dir, rank)
 
     plan = plan_from_dict(config["plan"], source=config.get("plan_source", "<plan>"))
-    schedule = Schedule.from_dict(plan.schedule, source=config.get("plan_source"))
+    schedule = plan.schedule  # parsed and validated with the plan
     user = load_model_file(config["model"])
     torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
     model = user.build()
@@ -228,7 +230,7 @@ def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[An
 def _build_stages(
     rank: int,
     config: dict[str, Any],
-    plan: Any,
+    plan: Plan,
     schedule: Any,
     placement: Any,
     split: Any,
@@ -277,7 +279,7 @@ def _build_stages(
 def _executor(
     rank: int,
     config: dict[str, Any],
-    plan: Any,
+    plan: Plan,
     placement: Any,
     split: Any,
     stages: _Stages,
@@ -347,7 +349,7 @@ def _executor(
 
 
 def _batches(
-    step: int, user: Any, split: Any, plan: Any, runtimes: dict[int, Any], device: Any
+    step: int, user: Any, split: Any, plan: Plan, runtimes: dict[int, Any], device: Any
 ) -> tuple[list[Any] | None, list[Any] | None]:
     """Step ``step``'s microbatches: inputs for a first stage, targets for a last one."""
     import torch
@@ -377,7 +379,7 @@ def _train(
     stream: bool,
     config: dict[str, Any],
     control: Any,
-    plan: Any,
+    plan: Plan,
 ) -> _Measured:
     """Run the warm-up and measured steps (2bw: one continuous stream of them)."""
     import torch.distributed as dist
