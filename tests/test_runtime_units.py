@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -169,3 +170,21 @@ def test_run_report_says_whether_compute_explains_the_gap() -> None:
     close = _report(110.0, {"F0": 2.6, "B0": 5.2})
     explain_gap(close, _profile(), plan)
     assert close.notes == [] and close.compute_ratio == pytest.approx(1.3)
+
+
+def test_worker_config_travels_as_json_and_checks_its_plan() -> None:
+    from planner.runtime.settings import WorkerConfig
+
+    stages = parse_stages("0-1:a;2-3:b")
+    plan = Plan(FileRef("x"), FileRef(None), 2, 4, stages, build_schedule("1f1b", stages, 4))
+    config = WorkerConfig(
+        plan, "plan.json", "/m.py", place(stages, "cpu"), 3, 1, 60.0, "/tmp/r", 1, "sgd", lr=0.1
+    )
+    again = WorkerConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again.to_dict() == config.to_dict()
+    assert again.plan.schedule.devices == plan.schedule.devices and again.lr == 0.1
+    broken = config.to_dict()
+    broken["plan"]["schedule"]["devices"]["b"].reverse()
+    with pytest.raises(InputError) as info:
+        WorkerConfig.from_dict(broken)
+    assert info.value.file == "plan.json" and info.value.field.startswith("schedule.devices.b")
