@@ -130,8 +130,9 @@ def shared_prediction(result: Any) -> tuple[float, int]:
 
 def _plan(profile_path: Path, text: str, mbs: int) -> Any:
     """The plan of ``text`` (1F1B, ``MICROBATCHES``) with its prediction filled in."""
-    from planner.fileio import sha256_file
-    from planner.plan import Plan, parse_stages
+    import dataclasses
+
+    from planner.plan import FileRef, Plan, Prediction, parse_stages
     from planner.profile.schema import load_profile
     from planner.schedule import build_schedule
     from planner.simulate import simulate
@@ -139,19 +140,20 @@ def _plan(profile_path: Path, text: str, mbs: int) -> Any:
     stages = parse_stages(text)
     schedule = build_schedule("1f1b", stages, MICROBATCHES)
     result = simulate(load_profile(profile_path), None, stages, schedule, MICROBATCHES, mbs)
-    predicted = result.predicted()
+    predicted = Prediction.from_result(result)
     if len(stages) > 1:
         ms, nbytes = shared_prediction(result)
-        predicted["iteration_ms"] = round(ms, 6)
-        predicted["memory_bytes"] = {"gpu0": nbytes}
-        predicted["note"] = "all plan devices on one GPU: work serialised, memory added up"
+        note = "all plan devices on one GPU: work serialised, memory added up"
+        predicted = dataclasses.replace(
+            predicted, iteration_ms=ms, memory_bytes={"gpu0": nbytes}, extra={"note": note}
+        )
     return Plan(
-        profile={"path": str(profile_path), "sha256": sha256_file(profile_path)},
-        topology={"path": "<one GPU>", "sha256": ""},
+        profile=FileRef.of_file(profile_path),
+        topology=FileRef("<one GPU>", ""),
         microbatch_size=mbs,
         num_microbatches=MICROBATCHES,
         stages=stages,
-        schedule=schedule.to_dict(),
+        schedule=schedule,
         predicted=predicted,
     )
 
@@ -264,16 +266,16 @@ def bench_precision(
             plan_path = tmp / f"{precision}.{mbs}.{kind.replace(' ', '_')}.plan.json"
             plan.save(plan_path)
             report = _run(plan_path, args)
-            predicted_mem = int(plan.predicted["memory_bytes"]["gpu0"])
+            predicted_mem = int(plan.predicted.memory_bytes["gpu0"])
             measured_mem = int(report.peak_memory_bytes["gpu0"])
             out["rows"].append(
                 {
                     "precision": precision,
                     "plan": kind,
                     "microbatches": f"{MICROBATCHES} x {mbs}",
-                    "predicted_ms": round(float(plan.predicted["iteration_ms"]), 3),
+                    "predicted_ms": round(float(plan.predicted.iteration_ms), 3),
                     "measured_ms": round(report.iteration_ms, 3),
-                    "ratio": round(report.iteration_ms / float(plan.predicted["iteration_ms"]), 4),
+                    "ratio": round(report.iteration_ms / float(plan.predicted.iteration_ms), 4),
                     "predicted_gib": round(predicted_mem / 2**30, 3),
                     "measured_gib": round(measured_mem / 2**30, 3),
                     "memory_ratio": round(measured_mem / predicted_mem, 4),

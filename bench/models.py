@@ -60,8 +60,7 @@ def _deepest_plan(profile_path: Path, topo_path: Path, depth: int) -> Any:
     """The fastest ``depth``-stage 1F1B pipeline (one stage per process) by the simulator."""
     from itertools import combinations
 
-    from planner.fileio import sha256_file
-    from planner.plan import Plan, parse_stages
+    from planner.plan import FileRef, parse_stages, plan_from_simulation
     from planner.profile.schema import load_profile
     from planner.simulate import simulate
     from planner.topology import load_topology
@@ -78,14 +77,8 @@ def _deepest_plan(profile_path: Path, topo_path: Path, depth: int) -> Any:
             best = (r, stages)
     assert best is not None
     r, stages = best
-    return Plan(
-        profile={"path": str(profile_path), "sha256": sha256_file(profile_path)},
-        topology={"path": str(topo_path), "sha256": sha256_file(topo_path)},
-        microbatch_size=MICROBATCH_SIZE,
-        num_microbatches=MICROBATCHES,
-        stages=stages,
-        schedule=r.schedule.to_dict(),
-        predicted=r.predicted(),
+    return plan_from_simulation(
+        r, stages, profile=FileRef.of_file(profile_path), topology=FileRef.of_file(topo_path)
     )
 
 
@@ -167,7 +160,7 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
                 "stages": " / ".join(
                     f"{s.first}-{s.last}:{','.join(s.devices)}" for s in plan.stages
                 ),
-                "schedule": plan.schedule["name"],
+                "schedule": plan.schedule.name,
                 "run_s": round(run_s, 1),
                 "loss_rel_diff": float(f"{loss_diff:.2e}"),
                 "param_abs_diff": float(f"{param_diff:.2e}"),

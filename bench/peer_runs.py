@@ -47,8 +47,9 @@ MICROBATCHES = 8
 def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     """pipeplan's plan and the best tuned peer's plan for one example, saved under ``tmp``."""
     from planner.partition.peers import tune_peers
+    from planner.plan import FileRef, plan_from_simulation
     from planner.profile.schema import load_profile
-    from planner.simulate import plan_from_result, simulate
+    from planner.simulate import simulate
     from planner.solve import solve
     from planner.topology import load_topology
 
@@ -80,15 +81,15 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
         config.microbatch_size,
         virtual_stages=config.virtual_stages,
     )
-    peer_plan = plan_from_result(
-        result, stages, profile_path=str(profile_path), topology_path=str(topo_path)
+    peer_plan = plan_from_simulation(
+        result, stages, profile=FileRef.of_file(profile_path), topology=FileRef.of_file(topo_path)
     )
     theirs = tmp / f"{name}.peer.plan.json"
     peer_plan.save(theirs)
     same = (
         [(s.layers, s.devices, s.recompute) for s in plan.stages]
         == [(s.layers, s.devices, s.recompute) for s in peer_plan.stages]
-        and plan.schedule == peer_plan.schedule
+        and plan.schedule.to_dict() == peer_plan.schedule.to_dict()
         and plan.microbatch_size == peer_plan.microbatch_size
     )
     return {
@@ -97,7 +98,7 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
         "peer": f"{best.peer}: {config.describe()}",
         "same_plan": same,
         "paths": (ours, theirs),
-        "predicted": (plan.predicted["iteration_ms"], peer_plan.predicted["iteration_ms"]),
+        "predicted": (plan.predicted.iteration_ms, peer_plan.predicted.iteration_ms),
         "samples": (
             plan.microbatch_size * plan.num_microbatches,
             peer_plan.microbatch_size * peer_plan.num_microbatches,
@@ -107,9 +108,9 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
 
 def _describe(plan: Any) -> str:
     stages = ";".join(f"{s.first}-{s.last}:{','.join(s.devices)}" for s in plan.stages)
-    sched = plan.schedule["name"]
-    if plan.schedule.get("virtual_stages", 1) > 1:
-        sched += f" v={plan.schedule['virtual_stages']}"
+    sched = plan.schedule.name
+    if plan.schedule.virtual_stages > 1:
+        sched += f" v={plan.schedule.virtual_stages}"
     return f"{stages} {sched}, mb {plan.microbatch_size} x {plan.num_microbatches}"
 
 

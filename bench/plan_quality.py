@@ -59,9 +59,9 @@ def _ratio(a: float | None, b: float) -> float | None:
 def _plan_shape(plan: Any) -> str:
     reps = sorted({len(s.devices) for s in plan.stages})
     shape = f"{len(plan.stages)}st x {'/'.join(map(str, reps))}"
-    sched = plan.schedule["name"]
-    if plan.schedule.get("virtual_stages", 1) > 1:
-        sched += f" v={plan.schedule['virtual_stages']}"
+    sched = plan.schedule.name
+    if plan.schedule.virtual_stages > 1:
+        sched += f" v={plan.schedule.virtual_stages}"
     return f"{shape}, mb {plan.microbatch_size} x {plan.num_microbatches}, {sched}"
 
 
@@ -74,35 +74,32 @@ def run_case(profile_path: Path, topo_path: Path) -> dict[str, Any]:
         plan = solve(profile, topo, time_limit=60.0)
     except InfeasibleError as exc:
         return {**case, "infeasible": str(exc)}
-    it = plan.predicted["iteration_ms"]
-    alone = plan.solver["without_peers"]["iteration_ms"]
-    bound = plan.predicted["global_lower_bound_ms"]
-    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer"]
-    defaults = [b for b in plan.baselines if b.get("kind") == "peer default"]
-    feasible = [b for b in tuned if b["feasible"]]
-    best = min(feasible, key=lambda b: b["iteration_ms"]) if feasible else None
+    it = plan.predicted.iteration_ms
+    alone = plan.solver.without_peers.iteration_ms
+    bound = plan.predicted.global_lower_bound_ms
+    tuned = [b for b in plan.baselines if b.tuned]
+    defaults = [b for b in plan.baselines if b.kind == "peer default"]
+    feasible = [b for b in tuned if b.feasible]
+    best = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
     best_default = min(
-        (b["iteration_ms"] for b in defaults if b["feasible"] and b["iteration_ms"]), default=None
+        (b.iteration_ms for b in defaults if b.feasible and b.iteration_ms), default=None
     )
     peers = {
-        b["name"]: {
-            "ratio": _ratio(b["iteration_ms"], it),
-            "configuration": b.get("configuration") or b.get("reason"),
-        }
+        b.name: {"ratio": _ratio(b.iteration_ms, it), "configuration": b.configuration or b.reason}
         for b in tuned
     }
     return {
         **case,
         "plan": _plan_shape(plan),
-        "best_peer": None if best is None else f"{best['name']}: {best['configuration']}",
-        "vs_best_peer": None if best is None else _ratio(best["iteration_ms"], it),
-        "search_alone": None if best is None else _ratio(best["iteration_ms"], alone),
+        "best_peer": None if best is None else f"{best.name}: {best.configuration}",
+        "vs_best_peer": None if best is None else _ratio(best.iteration_ms, it),
+        "search_alone": None if best is None else _ratio(best.iteration_ms, alone),
         "vs_peer_defaults": _ratio(best_default, it),
-        "peer_vs_bound": None if best is None else _ratio(best["iteration_ms"], bound),
+        "peer_vs_bound": None if best is None else _ratio(best.iteration_ms, bound),
         "vs_bound": _ratio(it, bound),
         "iteration_ms": round(it, 4),
         "search_alone_ms": round(alone, 4),
-        "origin": plan.solver["method"].rsplit("-> ", 1)[-1],
+        "origin": plan.solver.method.rsplit("-> ", 1)[-1],
         "peers": peers,
     }
 

@@ -78,8 +78,7 @@ def _profile(name: str, device: str, tmp: Path, fresh: bool = True) -> Path:
 
 def _pipeline_plan(profile_path: Path, topo_path: Path, mbs: int):  # type: ignore[no-untyped-def]
     """The best 2-stage 1F1B pipeline (one stage per process) by the simulator."""
-    from planner.fileio import sha256_file
-    from planner.plan import Plan, parse_stages
+    from planner.plan import FileRef, parse_stages, plan_from_simulation
     from planner.profile.schema import load_profile
     from planner.simulate import simulate
     from planner.topology import load_topology
@@ -94,14 +93,8 @@ def _pipeline_plan(profile_path: Path, topo_path: Path, mbs: int):  # type: igno
             best = (r, stages)
     assert best is not None
     r, stages = best
-    return Plan(
-        profile={"path": str(profile_path), "sha256": sha256_file(profile_path)},
-        topology={"path": str(topo_path), "sha256": sha256_file(topo_path)},
-        microbatch_size=mbs,
-        num_microbatches=8,
-        stages=stages,
-        schedule=r.schedule.to_dict(),
-        predicted=r.predicted(),
+    return plan_from_simulation(
+        r, stages, profile=FileRef.of_file(profile_path), topology=FileRef.of_file(topo_path)
     )
 
 
@@ -158,7 +151,7 @@ def summarise(
     from planner.plan import Plan
 
     plan = Plan.load(plan_path)
-    predicted = float(plan.predicted["iteration_ms"])
+    predicted = float(plan.predicted.iteration_ms)
     measured = statistics.median(r["iteration_ms"] for r in runs)
     step = statistics.median(r["step_ms"] for r in runs)
     return {
@@ -166,7 +159,7 @@ def summarise(
         "kind": kind,
         "device": device,
         "stages": [[s.first, s.last, s.devices, s.recompute] for s in plan.stages],
-        "schedule": plan.schedule["name"],
+        "schedule": plan.schedule.name,
         "microbatches": f"{plan.num_microbatches} x {plan.microbatch_size}",
         "predicted_ms": round(predicted, 3),
         "measured_ms": round(measured, 3),

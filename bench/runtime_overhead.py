@@ -53,19 +53,17 @@ PROFILE = ROOT / "profiles" / "mlp.json"  # the export names stages by its layer
 
 
 def _plan(schedule: str):  # type: ignore[no-untyped-def]
-    from planner.fileio import sha256_file
-    from planner.plan import Plan, parse_stages
+    from planner.plan import FileRef, Plan, parse_stages
     from planner.schedule import build_schedule
 
     stages = parse_stages(STAGES)
     return Plan(
-        profile={"path": str(PROFILE), "sha256": sha256_file(PROFILE)},
-        topology={"path": "<none>", "sha256": ""},
+        profile=FileRef.of_file(PROFILE),
+        topology=FileRef("<none>", ""),
         microbatch_size=MICROBATCH,
         num_microbatches=MICROBATCHES,
         stages=stages,
-        schedule=build_schedule(schedule, stages, MICROBATCHES).to_dict(),
-        predicted={},
+        schedule=build_schedule(schedule, stages, MICROBATCHES),
     )
 
 

@@ -129,30 +129,30 @@ def measure(model: str, gpus: int) -> dict[str, Any]:
     except InfeasibleError as exc:
         row.update(solve_s=round(time.perf_counter() - start, 2), plan=f"infeasible: {exc}"[:80])
         return row
-    it = plan.predicted["iteration_ms"]
+    it = plan.predicted.iteration_ms
     bound = search_bound_ms(
         profile,
         topo,
         plan.stages,
-        plan.schedule["name"],
+        plan.schedule.name,
         plan.num_microbatches,
         plan.microbatch_size,
     )
-    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer" and b["feasible"]]
-    best = min(tuned, key=lambda b: b["iteration_ms"]) if tuned else None
-    alone = plan.solver["without_peers"]["iteration_ms"]
+    tuned = [b for b in plan.baselines if b.tuned and b.feasible]
+    best = min(tuned, key=lambda b: b.iteration_ms) if tuned else None
+    alone = plan.solver.without_peers.iteration_ms
     row.update(
         solve_s=round(time.perf_counter() - start, 2),
         stages=len(plan.stages),
         replicas=len(plan.stages[0].devices),
-        schedule=plan.schedule["name"],
+        schedule=plan.schedule.name,
         microbatch=f"{plan.num_microbatches}x{plan.microbatch_size}",
         iteration_s=round(it / 1e3, 3),
-        vs_lower_bound=round(it / plan.predicted["global_lower_bound_ms"], 3),
+        vs_lower_bound=round(it / plan.predicted.global_lower_bound_ms, 3),
         vs_plan_bound=round(it / bound, 3),
-        best_peer=None if best is None else f"{best['name']}: {best['configuration']}",
-        vs_best_peer=None if best is None else round(best["iteration_ms"] / it, 3),
-        search_alone=None if best is None else round(best["iteration_ms"] / alone, 3),
+        best_peer=None if best is None else f"{best.name}: {best.configuration}",
+        vs_best_peer=None if best is None else round(best.iteration_ms / it, 3),
+        search_alone=None if best is None else round(best.iteration_ms / alone, 3),
     )
     return row
 

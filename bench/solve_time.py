@@ -107,12 +107,12 @@ def time_solve(
         "seconds": round(seconds, 3),
         "stages": len(plan.stages),
         "replicas": [len(s.devices) for s in plan.stages],
-        "schedule": plan.schedule["name"],
-        "iteration_ms": round(plan.predicted["iteration_ms"], 3),
-        "global_lower_bound_ms": round(plan.predicted["global_lower_bound_ms"], 3),
-        "simulations": plan.solver["simulations"],
-        "method": plan.solver["method"],
-        "baselines": {b["name"]: b["feasible"] for b in plan.baselines},
+        "schedule": plan.schedule.name,
+        "iteration_ms": round(plan.predicted.iteration_ms, 3),
+        "global_lower_bound_ms": round(plan.predicted.global_lower_bound_ms, 3),
+        "simulations": plan.solver.simulations,
+        "method": plan.solver.method,
+        "baselines": {b.name: b.feasible for b in plan.baselines},
     }
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
 
 if TYPE_CHECKING:
     from planner.plan import Plan
+    from planner.plan_parts import FileRef
     from planner.profile.schema import Profile
     from planner.schedule.actions import Schedule
     from planner.simulate import SimResult
@@ -40,19 +41,19 @@ class PlanInputs:
     profile_path: Path | None
     topology: Topology | None
     topology_path: Path | None
-    schedule: Schedule  # the stored per-device op order
+    schedule: Schedule  # the plan's per-device op order (validated when it was read)
     step_ms: float | None  # an explicit ``simulate --step-ms`` kept in the schedule's meta
 
 
-def find_file(ref: dict[str, Any], plan_path: str | Path | None) -> Path | None:
-    """The file a plan's ``{"path", "sha256"}`` reference names, tried as written and then
+def find_file(ref: FileRef, plan_path: str | Path | None) -> Path | None:
+    """The file a plan's reference names, tried as written and then
     beside the plan; None when it has no path, was never saved or is not found.
 
     Example::
 
         find_file(plan.profile, "runs/plan.json")   # Path('profiles/gpt.json') or None
     """
-    raw = ref.get("path")
+    raw = ref.path
     if not raw or raw == "<memory>":
         return None
     candidates = [Path(raw)]
@@ -61,14 +62,14 @@ def find_file(ref: dict[str, Any], plan_path: str | Path | None) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def check_unchanged(found: Path, ref: dict[str, Any], key: str, plan_path: str | Path) -> None:
+def check_unchanged(found: Path, ref: FileRef, key: str, plan_path: str | Path) -> None:
     """Refuse a referenced file whose sha256 differs from the one the plan recorded.
 
     Example::
 
         check_unchanged(Path("profiles/gpt.json"), plan.profile, "profile", "plan.json")
     """
-    want = ref.get("sha256")
+    want = ref.sha256
     if want and sha256_file(found) != want:
         raise InputError(
             f"the {key} {str(found)!r} changed since this plan was made (sha256 differs); "
@@ -78,7 +79,7 @@ def check_unchanged(found: Path, ref: dict[str, Any], key: str, plan_path: str |
         )
 
 
-def locate(ref: dict[str, Any], key: str, plan_path: Path) -> Path | None:
+def locate(ref: FileRef, key: str, plan_path: Path) -> Path | None:
     """The referenced file, found and unchanged; None for a plan without that file (no
     topology). A file that is missing, or was never saved, is one clear InputError.
 
@@ -86,7 +87,7 @@ def locate(ref: dict[str, Any], key: str, plan_path: Path) -> Path | None:
 
         locate(plan.topology, "topology", Path("plan.json"))
     """
-    raw = ref.get("path")
+    raw = ref.path
     if raw is None:
         return None
     if raw == "<memory>":
@@ -117,11 +118,8 @@ def plan_inputs(
         got.profile.num_layers
     """
     from planner.profile import load_profile
-    from planner.schedule import Schedule
 
-    got = PlanInputs(
-        None, None, None, None, Schedule.from_dict(plan.schedule, source=str(plan_path)), None
-    )
+    got = PlanInputs(None, None, None, None, plan.schedule, None)
     if profile:
         got.profile_path = locate(plan.profile, "profile", plan_path)
         assert got.profile_path is not None
@@ -131,23 +129,21 @@ def plan_inputs(
         from planner.topology import load_topology
 
         got.topology = load_topology(got.topology_path)
-    meta = plan.schedule.get("meta")
-    got.step_ms = meta.get("step_ms") if isinstance(meta, dict) else None
+    got.step_ms = plan.schedule.meta.get("step_ms")
     return got
 
 
 def resimulate(plan: Plan, plan_path: Path) -> SimResult:
-    """Time the plan's stored schedule on its (unchanged) profile and topology.
+    """Time the plan's stored schedule (validated when the plan was read) on its
+    (unchanged) profile and topology.
 
     Example::
 
         result = resimulate(Plan.load("plan.json"), Path("plan.json"))
     """
-    from planner.schedule import validate_schedule
     from planner.simulate import simulate
 
     got = plan_inputs(plan, plan_path)
-    validate_schedule(got.schedule, plan.stages, source=str(plan_path))
     assert got.profile is not None
     return simulate(
         got.profile,

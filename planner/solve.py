@@ -22,14 +22,12 @@ simulations (never wall time), ties broken on the plan itself, CBC single-thread
 Example::
 
     plan = solve(profile, topology, global_batch=32, time_limit=10)
-    plan.predicted["iteration_ms"], [s.layers for s in plan.stages]
+    plan.predicted.iteration_ms, [s.layers for s in plan.stages]
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 import os
 import time
@@ -56,7 +54,8 @@ from planner.partition.mapping import (
     uniform_network,
 )
 from planner.partition.peers import PeerBest
-from planner.plan import Plan, StageSpec
+from planner.plan import Plan, StageSpec, plan_from_simulation
+from planner.plan_parts import Baseline, FileRef, IlpInfo, SolverInfo, WithoutPeers
 from planner.profile.schema import Profile, as_profile
 from planner.topology import as_topology
 
@@ -158,7 +157,7 @@ class _Search:
     time_limit: float
     cache: dict[Candidate, Scored] = field(default_factory=dict)
     sims: int = 0
-    ilp: dict[str, Any] | None = None
+    ilp: IlpInfo | None = None
     methods: list[str] = field(default_factory=list)
 
     def evaluate(self, cand: Candidate, origin: str) -> Scored:
@@ -648,14 +647,14 @@ def _ilp_candidate(
         time_limit=time_limit,
         warm_start=warm_start,
     )
-    search.ilp = {
-        "status": res.status,
-        "gap": res.gap,
-        "seconds": round(res.seconds, 3),
-        "objective_ms": res.objective_ms,
-        "bound_ms": res.bound_ms,
-        "num_stages": num_stages,
-    }
+    search.ilp = IlpInfo(
+        status=res.status,
+        gap=res.gap,
+        seconds=round(res.seconds, 3),
+        objective_ms=res.objective_ms,
+        bound_ms=res.bound_ms,
+        num_stages=num_stages,
+    )
     if res.ranges is None or res.devices is None or res.recompute is None:
         return None
     return res.ranges, res.devices, res.recompute
@@ -795,21 +794,33 @@ def _seeded_by_peers(
     return [*seeds, _local_search(search, top, budget)]
 
 
-def _peer_rows(peers: _PeerReport | None, samples: int) -> list[dict[str, Any]]:
+def _peer_rows(peers: _PeerReport | None, samples: int) -> list[Baseline]:
     """The plan's ``baselines``: each tuned peer's best configuration, then the peer
     defaults; times scaled to the plan's samples per iteration (like for like)."""
     if peers is None:
         return []
-    rows: list[dict[str, Any]] = []
+    rows: list[Baseline] = []
     for best in peers.tuned:
-        row: dict[str, Any] = {"name": best.peer, "kind": "tuned peer"}
         if best.best is None or not best.feasible:
-            row.update(iteration_ms=None, feasible=False, reason=best.describe())
-        else:
-            c = best.best.config
-            row.update(
-                iteration_ms=best.per_sample_ms * samples,
-                feasible=True,
+            rows.append(
+                Baseline(
+                    best.peer,
+                    None,
+                    False,
+                    kind="tuned peer",
+                    reason=best.describe(),
+                    configurations=best.configurations,
+                    simulations=best.simulations,
+                )
+            )
+            continue
+        c = best.best.config
+        rows.append(
+            Baseline(
+                best.peer,
+                best.per_sample_ms * samples,
+                True,
+                kind="tuned peer",
                 configuration=c.describe(),
                 partition=c.partition,
                 depth=c.depth,
@@ -819,28 +830,21 @@ def _peer_rows(peers: _PeerReport | None, samples: int) -> list[dict[str, Any]]:
                 schedule=c.schedule,
                 virtual_stages=c.virtual_stages,
                 recompute=c.recompute,
+                configurations=best.configurations,
+                simulations=best.simulations,
             )
-        row.update(configurations=best.configurations, simulations=best.simulations)
-        rows.append(row)
+        )
     failed = {k: v for k, v in peers.failed.items() if k not in peers.defaults}
     for label in sorted([*peers.defaults, *failed]):
         name = f"{label} (peer default)"
         if label not in peers.defaults:
             # The peer's own algorithm gives no partition (e.g. torchgpipe on zero-time
             # layers): an infeasible row that says why, rather than a failed solve.
-            rows.append(
-                {
-                    "name": name,
-                    "kind": "peer default",
-                    "iteration_ms": None,
-                    "feasible": False,
-                    "reason": failed[label],
-                }
-            )
+            rows.append(Baseline(name, None, False, kind="peer default", reason=failed[label]))
             continue
         b = peers.defaults[label]
         ms = b.per_sample_ms * samples if math.isfinite(b.iteration_ms) else None
-        rows.append({"name": name, "kind": "peer default", "iteration_ms": ms, "feasible": b.fits})
+        rows.append(Baseline(name, ms, b.fits, kind="peer default"))
     return rows
 
 
@@ -1117,13 +1121,9 @@ def _infeasible(
     )
 
 
-def _file_ref(path: str | None, obj: Any) -> dict[str, Any]:
-    from planner.fileio import sha256_file
-
-    if path is not None:
-        return {"path": str(path), "sha256": sha256_file(path)}
-    blob = json.dumps(obj, sort_keys=True).encode("utf-8")
-    return {"path": "<memory>", "sha256": hashlib.sha256(blob).hexdigest()}
+def _file_ref(path: str | None, obj: Any) -> FileRef:
+    """The input as the plan records it: its file, or the object itself when unsaved."""
+    return FileRef.of_file(path) if path is not None else FileRef.in_memory(obj)
 
 
 def solve(
@@ -1343,57 +1343,32 @@ def _to_plan(
     c = best.cand
     topo = search.topology
     lb = _lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
-    res = best.result
-    plan_lb = float(getattr(res, "lower_bound_ms", 0.0) or lb)
     gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
-    solver: dict[str, Any] = {
-        "method": "+".join(search.methods) + f" -> {best.origin}",
-        "status": "optimal" if "exhaustive" in search.methods else "best found",
-        "seconds": round(seconds, 3),
-        "gap": None if gap is None else round(gap, 6),
-        "simulations": search.sims,
-    }
-    if search.ilp is not None:
-        solver["ilp"] = search.ilp
-    samples = c.samples
-    predicted = {
-        "iteration_ms": best.iteration_ms,
-        "samples_per_s": samples / best.iteration_ms * 1000.0 if best.iteration_ms > 0 else 0.0,
-        "bubble_fraction": float(getattr(res, "bubble_fraction", 0.0)),
-        # The contract's bound, as simulate and show report it: this very plan's
-        # max(average work, busiest device, one microbatch's critical path).
-        "lower_bound_ms": plan_lb,
-        # Kept for readers of older plans: the same number under its former name.
-        "plan_lower_bound_ms": plan_lb,
-        # The solver's own bound over every plan (what solver.gap is measured against).
-        "global_lower_bound_ms": lb,
-        "memory_bytes": dict(sorted(best.memory.items())),
-        "memory_limit_bytes": {d: topo.device(d).memory_bytes for d in sorted(best.memory)},
-    }
-    steps = list(getattr(res, "step_ms", None) or [])
-    if any(steps):  # as SimResult.predicted: present when the prediction has the step in it
-        predicted["step_ms"] = [round(x, 6) for x in steps]
+    solver = SolverInfo(
+        method="+".join(search.methods) + f" -> {best.origin}",
+        status="optimal" if "exhaustive" in search.methods else "best found",
+        seconds=round(seconds, 3),
+        gap=None if gap is None else round(gap, 6),
+        simulations=search.sims,
+        ilp=search.ilp,
+    )
     if unseeded is not None:
         # What the search found on its own, before any peer plan joined the pool.
         u = unseeded.cand
-        solver["without_peers"] = {
-            "iteration_ms": unseeded.per_sample_ms * samples,
-            "microbatch_size": u.microbatch_size,
-            "num_microbatches": u.num_microbatches,
-            "schedule": u.schedule,
-            "stages": [[list(r), list(d)] for r, d, _ in u.stages],
-            "origin": unseeded.origin,
-        }
-    rows = _peer_rows(peers, samples)
-    schedule = res.schedule.to_dict() if res is not None else {"name": c.schedule}
-    return Plan(
+        solver.without_peers = WithoutPeers(
+            iteration_ms=unseeded.per_sample_ms * c.samples,
+            microbatch_size=u.microbatch_size,
+            num_microbatches=u.num_microbatches,
+            schedule=u.schedule,
+            stages=[(r, d) for r, d, _ in u.stages],
+            origin=unseeded.origin,
+        )
+    return plan_from_simulation(
+        best.result,
+        c.specs(),
         profile=_file_ref(profile_path, search.profile.to_dict()),
         topology=_file_ref(topology_path, topo.to_dict()),
-        microbatch_size=c.microbatch_size,
-        num_microbatches=c.num_microbatches,
-        stages=c.specs(),
-        schedule=schedule,
-        predicted=predicted,
         solver=solver,
-        baselines=rows,
+        baselines=_peer_rows(peers, c.samples),
+        global_lower_bound_ms=lb,
     )

@@ -59,17 +59,18 @@ def test_bad_stage_forms_name_the_stage(bad: object) -> None:
 
 def test_solve_takes_paths_and_records_them(tmp_path: Path) -> None:
     plan = planner.solve(str(PROFILE), str(TOPOLOGY), num_microbatches=4, time_limit=10)
-    assert plan.profile["path"] == str(PROFILE)
-    assert plan.topology["path"] == str(TOPOLOGY)
+    assert plan.profile.path == str(PROFILE)
+    assert plan.topology.path == str(TOPOLOGY)
     plan.save(tmp_path / "plan.json")
     again = planner.Plan.load(tmp_path / "plan.json")
     assert again.to_dict() == plan.to_dict()
     stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
     rerun = planner.simulate(
-        PROFILE, TOPOLOGY, stages=stages, schedule=plan.schedule["name"],
+        PROFILE, TOPOLOGY, stages=stages, schedule=plan.schedule.name,
         num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size,
     )  # fmt: skip
-    assert rerun.iteration_ms == pytest.approx(plan.predicted["iteration_ms"])
+    assert plan.predicted is not None
+    assert rerun.iteration_ms == pytest.approx(plan.predicted.iteration_ms)
 
 
 def test_solve_rejects_two_different_microbatch_counts() -> None:

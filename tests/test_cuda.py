@@ -16,7 +16,7 @@ from test_runtime import SKIP, TINY, check_same, hard_timeout, make_plan  # noqa
 
 from planner.fileio import sha256_file
 from planner.optimizers import make_optimizer
-from planner.plan import Plan, parse_stages
+from planner.plan import FileRef, Plan, Prediction, parse_stages
 from planner.precision import autocast
 from planner.profile import load_model_file, profile_model
 from planner.runtime import run_plan
@@ -150,13 +150,13 @@ def test_memory_prediction_within_ten_percent(large_profile: Path) -> None:
     schedule = build_schedule("1f1b", stages, 4)
     result = simulate(profile, None, stages, schedule, 4, 2)
     plan = Plan(
-        profile={"path": str(large_profile), "sha256": sha256_file(large_profile)},
-        topology={"path": "<one GPU>", "sha256": ""},
+        profile=FileRef(str(large_profile), sha256_file(large_profile)),
+        topology=FileRef("<one GPU>", ""),
         microbatch_size=2,
         num_microbatches=4,
         stages=stages,
-        schedule=schedule.to_dict(),
-        predicted=result.predicted(),
+        schedule=schedule,
+        predicted=Prediction.from_result(result),
     )
     plan_path = large_profile.with_suffix(".plan.json")
     plan.save(plan_path)

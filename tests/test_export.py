@@ -31,7 +31,7 @@ from planner.export import export_plan
 from planner.export.actions import torch_cell, torch_layout
 from planner.export.split import layer_modules, titan_module
 from planner.fileio import sha256_file
-from planner.plan import Plan, parse_stages
+from planner.plan import FileRef, Plan, parse_stages
 from planner.runtime import run_plan
 from planner.runtime.launch import free_port, worker_env
 from planner.runtime.reference import train_single_process
@@ -70,13 +70,12 @@ def make_plan(
     prof = profile or ROOT / "profiles" / f"{example}.json"
     specs = parse_stages(stages, recompute=list(recompute))
     plan = Plan(
-        profile={"path": str(prof), "sha256": sha256_file(prof)},
-        topology={"path": None, "sha256": ""},
+        profile=FileRef(str(prof), sha256_file(prof)),
+        topology=FileRef(None, ""),
         microbatch_size=mbs,
         num_microbatches=m,
         stages=specs,
-        schedule=build_schedule(schedule, specs, m).to_dict(),
-        predicted={},
+        schedule=build_schedule(schedule, specs, m),
     )
     path = tmp / f"{example}-{schedule}.json"
     plan.save(path)

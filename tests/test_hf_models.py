@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from planner.plan import Plan, parse_stages  # noqa: E402
+from planner.plan import FileRef, Plan, Prediction, parse_stages  # noqa: E402
 from planner.profile.export_graph import call_for_training  # noqa: E402
 from planner.profile.split import capture_model  # noqa: E402
 from planner.runtime import run_plan  # noqa: E402
@@ -80,13 +80,13 @@ def test_profile_cli_takes_a_hugging_face_model(tmp_path: Path) -> None:
 def _plan(text: str, schedule: str = "1f1b", m: int = 4, mbs: int = 2) -> Plan:
     stages = parse_stages(text)
     return Plan(
-        profile={"path": "<memory>", "sha256": ""},
-        topology={"path": "<none>", "sha256": ""},
+        profile=FileRef("<memory>", ""),
+        topology=FileRef("<none>", ""),
         microbatch_size=mbs,
         num_microbatches=m,
         stages=stages,
-        schedule=build_schedule(schedule, stages, m).to_dict(),
-        predicted={"iteration_ms": 10.0},
+        schedule=build_schedule(schedule, stages, m),
+        predicted=Prediction(10.0, m * mbs / 10.0 * 1e3, 0.0, 10.0, {}, {}),
     )
 
 

@@ -25,6 +25,7 @@ from planner.runtime import run_plan
 from planner.runtime.loss_scale import AgreedLossScaler
 from planner.runtime.reference import train_single_process
 from planner.runtime.runner import run_precision
+from planner.runtime.settings import RunSettings
 from planner.schedule import build_schedule
 
 HERE = Path(__file__).parent
@@ -136,15 +137,15 @@ def test_fp16_with_a_replicated_stage_and_shared_devices() -> None:
 
 def test_fp16_refuses_2bw_and_a_precision_other_than_the_profiles() -> None:
     stages = make_plan("0-1:cpu0;2-4:cpu1", "2bw", 4, 2).stages
-    two_bw = {"precision": "fp16", "schedule": build_schedule("2bw", stages, 4)}
+    two_bw = build_schedule("2bw", stages, 4)
     with pytest.raises(InputError, match="2bw schedule"):
-        run_precision(two_bw, None, "plan.json")
-    profiled = {"precision": "bf16", "profile_path": "p.json", "schedule": None}
+        run_precision(RunSettings(5, precision="fp16"), None, "plan.json", schedule=two_bw)
+    profiled = RunSettings(5, precision="bf16", profile_path="p.json")
     with pytest.raises(InputError, match="measured at bf16, not fp16") as info:
         run_precision(profiled, "fp16", "plan.json")
     assert info.value.one_line().startswith("plan.json")
     assert run_precision(profiled, None) == "bf16"
-    assert run_precision({"precision": None}, None) == "fp32"
+    assert run_precision(RunSettings(5), None) == "fp32"
 
 
 # -- the whole chain from the command line ---------------------------------------------

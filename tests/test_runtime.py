@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.plan import Plan, parse_stages
+from planner.plan import FileRef, Plan, Prediction, parse_stages
 from planner.profile.loader import load_model_file
 from planner.runtime import run_plan
 from planner.schedule import build_schedule
@@ -69,13 +69,13 @@ def make_plan(text: str, schedule: str, m: int, mbs: int, recompute: tuple[int, 
     stages = parse_stages(text, recompute=list(recompute))
     sched = build_schedule(schedule, stages, m)
     return Plan(
-        profile={"path": "<memory>", "sha256": ""},
-        topology={"path": "<none>", "sha256": ""},
+        profile=FileRef("<memory>", ""),
+        topology=FileRef("<none>", ""),
         microbatch_size=mbs,
         num_microbatches=m,
         stages=stages,
-        schedule=sched.to_dict(),
-        predicted={"iteration_ms": 10.0},
+        schedule=sched,
+        predicted=Prediction(10.0, m * mbs / 10.0 * 1e3, 0.0, 10.0, {}, {}),
     )
 
 
@@ -168,7 +168,7 @@ def test_zero_bubble_with_carried_values_recompute_and_adam() -> None:
 def test_replicated_stage_allreduce(tiny: Path) -> None:
     """Stage 0 on two replicas (microbatches round robin), all-reduced before the step."""
     plan = make_plan("0-2:cpu0,cpu1;3-4:cpu2", "1f1b", 4, 2)
-    assert "ALLREDUCE0" in plan.schedule["devices"]["cpu0"]
+    assert "ALLREDUCE0" in [str(a) for a in plan.schedule.devices["cpu0"]]
     report = run_plan(
         plan, tiny, steps=2, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1, return_params=True
     )
@@ -234,7 +234,7 @@ def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     assert searched.meta["family"] == "zb"
     for schedule in (searched, deep):
         plan = make_plan("0-1:cpu0;2-3:cpu1;4:cpu2", "1f1b", m, 2)
-        plan.schedule = schedule.to_dict()
+        plan.schedule = schedule
         report = run_plan(
             plan, tiny, steps=2, warmup=0, timeout_s=60, optimizer="adam", lr=1e-2,
             return_params=True,

@@ -20,7 +20,7 @@ import torch
 
 from planner.cli import main
 from planner.fileio import sha256_file
-from planner.plan import Plan, parse_stages
+from planner.plan import FileRef, Plan, Prediction, parse_stages
 from planner.profile.measure import profile_model
 from planner.schedule import build_schedule
 
@@ -52,13 +52,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     profile.save(profile_path)
     stages = parse_stages("0-1:cpu0;2:cpu1")
     plan = Plan(
-        profile={"path": str(profile_path), "sha256": sha256_file(profile_path)},
-        topology={"path": "topologies/cpu.yaml", "sha256": ""},
+        profile=FileRef(str(profile_path), sha256_file(profile_path)),
+        topology=FileRef("topologies/cpu.yaml", ""),
         microbatch_size=2,
         num_microbatches=4,
         stages=stages,
-        schedule=build_schedule("1f1b", stages, 4).to_dict(),
-        predicted={"iteration_ms": 5.0, "memory_bytes": {"cpu0": 1000, "cpu1": 1000}},
+        schedule=build_schedule("1f1b", stages, 4),
+        predicted=Prediction(5.0, 1600.0, 0.0, 5.0, {"cpu0": 1000, "cpu1": 1000}, {}),
     )
     plan_path = root / "plan.json"
     plan.save(plan_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from planner.errors import InputError
-from planner.plan import Plan, parse_stages
+from planner.plan import FileRef, Plan, parse_stages
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.runtime.calibrate import calibrated_profile
 from planner.runtime.comm import message_key, message_order
@@ -73,7 +74,7 @@ def _profile() -> Profile:
 
 def test_calibration_scales_each_stage_to_what_was_measured() -> None:
     stages = parse_stages("0-1:a;2-3:b", recompute=[1])
-    plan = Plan({"path": "x"}, {"path": "y"}, 2, 4, stages, {"name": "1f1b"})
+    plan = Plan(FileRef("x"), FileRef("y"), 2, 4, stages, build_schedule("1f1b", stages, 4))
     # stage 0 profiles F=2, B=4; stage 1 (recompute) F=2, B=4+2
     out = calibrated_profile(
         _profile(), plan, {"F0": 3.0, "B0": 8.0, "F1": 2.0, "I1": 3.0, "W1": 3.0, "STEP0": 5.0}
@@ -156,7 +157,8 @@ def _report(iteration_ms: float, stage_ms: dict[str, float]) -> RunReport:
 
 
 def test_run_report_says_whether_compute_explains_the_gap() -> None:
-    plan = Plan({"path": "x"}, {"path": "y"}, 2, 4, parse_stages("0-1:a;2-3:b"), {"name": "1f1b"})
+    stages = parse_stages("0-1:a;2-3:b")
+    plan = Plan(FileRef("x"), FileRef("y"), 2, 4, stages, build_schedule("1f1b", stages, 4))
     # Profiled per stage: F = 2, B = 4.
     slow = _report(130.0, {"F0": 2.6, "B0": 5.2, "F1": 2.0, "B1": 4.0})
     explain_gap(slow, _profile(), plan)
@@ -168,3 +170,21 @@ def test_run_report_says_whether_compute_explains_the_gap() -> None:
     close = _report(110.0, {"F0": 2.6, "B0": 5.2})
     explain_gap(close, _profile(), plan)
     assert close.notes == [] and close.compute_ratio == pytest.approx(1.3)
+
+
+def test_worker_config_travels_as_json_and_checks_its_plan() -> None:
+    from planner.runtime.settings import WorkerConfig
+
+    stages = parse_stages("0-1:a;2-3:b")
+    plan = Plan(FileRef("x"), FileRef(None), 2, 4, stages, build_schedule("1f1b", stages, 4))
+    config = WorkerConfig(
+        plan, "plan.json", "/m.py", place(stages, "cpu"), 3, 1, 60.0, "/tmp/r", 1, "sgd", lr=0.1
+    )
+    again = WorkerConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again.to_dict() == config.to_dict()
+    assert again.plan.schedule.devices == plan.schedule.devices and again.lr == 0.1
+    broken = config.to_dict()
+    broken["plan"]["schedule"]["devices"]["b"].reverse()
+    with pytest.raises(InputError) as info:
+        WorkerConfig.from_dict(broken)
+    assert info.value.file == "plan.json" and info.value.field.startswith("schedule.devices.b")

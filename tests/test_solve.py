@@ -93,10 +93,10 @@ def test_tiny_instances_match_exhaustive_enumeration(
         topo = small_hetero("900 MiB")  # forces splitting and recompute
     plan = solve(profile, topo, global_batch=12, schedule=schedule, time_limit=10)
     expected = _exhaustive_best(profile, topo, schedule, 6, 2)
-    assert plan.predicted["iteration_ms"] == pytest.approx(expected, rel=1e-9)
+    assert plan.predicted.iteration_ms == pytest.approx(expected, rel=1e-9)
     # The search alone, before any peer plan joins its pool, finds it too.
-    alone = plan.solver["without_peers"]
-    assert alone["iteration_ms"] == pytest.approx(expected, rel=1e-9)
+    alone = plan.solver.without_peers
+    assert alone.iteration_ms == pytest.approx(expected, rel=1e-9)
     # The search without exhaustive enumeration (DP + ILP + local search) gets close.
     heuristic = solve(
         profile,
@@ -106,7 +106,7 @@ def test_tiny_instances_match_exhaustive_enumeration(
         time_limit=10,
         options=SolveOptions(exhaustive_limit=0),
     )
-    assert heuristic.solver["without_peers"]["iteration_ms"] <= 1.02 * expected
+    assert heuristic.solver.without_peers.iteration_ms <= 1.02 * expected
 
 
 def _pipeline_profile(n: int = 16, param_mib: int = 3000) -> Profile:
@@ -155,8 +155,8 @@ def test_hetero_prefers_strong_devices_and_few_slow_crossings() -> None:
         kind = s.devices[0].split("_")[0]
         work[kind] += (s.layers[1] - s.layers[0] + 1) * len(s.devices)
     assert work["a100"] > work["v100"]
-    best_baseline = min(b["iteration_ms"] for b in plan.baselines if b["feasible"])
-    assert plan.predicted["iteration_ms"] * 1.3 <= best_baseline
+    best_baseline = min(b.iteration_ms for b in plan.baselines if b.feasible)
+    assert plan.predicted.iteration_ms * 1.3 <= best_baseline
 
 
 PROFILES = sorted((ROOT / "profiles").glob("*.json"))
@@ -176,16 +176,16 @@ def test_bundled_profiles_beat_baselines_on_every_topology(profile_path: Path) -
             assert "no plan fits" in str(exc) or "alone needs" in str(exc)
             assert not any(_baselines_fit(profile, topo)), topo_path.stem
             continue
-        it = plan.predicted["iteration_ms"]
-        alone = plan.solver["without_peers"]["iteration_ms"]
+        it = plan.predicted.iteration_ms
+        alone = plan.solver.without_peers.iteration_ms
         for row in plan.baselines:
-            if row["feasible"]:
-                assert it <= row["iteration_ms"] * (1 + 1e-9), (topo_path.stem, row)
+            if row.feasible:
+                assert it <= row.iteration_ms * (1 + 1e-9), (topo_path.stem, row)
                 # The search alone (no peer plan in its pool) is never slower than a peer at
                 # its best either: that is the comparison that can fail.
-                assert alone <= row["iteration_ms"] * (1 + 1e-9), (topo_path.stem, row)
-        for dev, used in plan.predicted["memory_bytes"].items():
-            assert used <= plan.predicted["memory_limit_bytes"][dev]
+                assert alone <= row.iteration_ms * (1 + 1e-9), (topo_path.stem, row)
+        for dev, used in plan.predicted.memory_bytes.items():
+            assert used <= plan.predicted.memory_limit_bytes[dev]
 
 
 def _baselines_fit(profile: Profile, topo: Topology) -> list[bool]:
@@ -211,14 +211,14 @@ def test_no_slower_than_baselines_and_fits(topo_path: Path) -> None:
     topo = load_topology(topo_path)
     profile = random_profile(10, 11, sizes=(1, 2, 4))
     plan = solve(profile, topo, global_batch=32, time_limit=10)
-    it = plan.predicted["iteration_ms"]
+    it = plan.predicted.iteration_ms
     assert plan.baselines
     for row in plan.baselines:
-        if row["feasible"]:
-            assert it <= row["iteration_ms"] * (1 + 1e-9), row
-    for dev, used in plan.predicted["memory_bytes"].items():
-        assert used <= plan.predicted["memory_limit_bytes"][dev]
-    assert plan.predicted["lower_bound_ms"] <= it
+        if row.feasible:
+            assert it <= row.iteration_ms * (1 + 1e-9), row
+    for dev, used in plan.predicted.memory_bytes.items():
+        assert used <= plan.predicted.memory_limit_bytes[dev]
+    assert plan.predicted.lower_bound_ms <= it
 
 
 def test_failing_baseline_is_an_infeasible_row_not_a_failed_solve(tmp_path: Path) -> None:
@@ -228,21 +228,18 @@ def test_failing_baseline_is_an_infeasible_row_not_a_failed_solve(tmp_path: Path
 
     profile = load_profile(ROOT / "profiles" / "pipedream-gnmt.json")
     plan = solve(profile, uniform_topology(20), time_limit=10)
-    rows = {row["name"]: row for row in plan.baselines}
-    defaults = {k for k, r in rows.items() if r["kind"] == "peer default"}
+    rows = {row.name: row for row in plan.baselines}
+    defaults = {k for k, r in rows.items() if r.kind == "peer default"}
     assert defaults == {
         f"{n} (peer default)"
         for n in ("uniform", "parameter-balanced", "time-balanced", "pipedream")
     }
     timed = rows["time-balanced (peer default)"]
-    assert timed["feasible"] is False and timed["iteration_ms"] is None
-    assert "torchgpipe" in timed["reason"] and "never stops" in timed["reason"]
-    assert (
-        rows["uniform (peer default)"]["feasible"]
-        and "reason" not in rows["uniform (peer default)"]
-    )
+    assert timed.feasible is False and timed.iteration_ms is None
+    assert "torchgpipe" in timed.reason and "never stops" in timed.reason
+    assert rows["uniform (peer default)"].feasible and rows["uniform (peer default)"].reason is None
     # Tuned, torchgpipe still runs at the depths where its partition stops.
-    assert rows["torchgpipe"]["kind"] == "tuned peer" and rows["torchgpipe"]["feasible"]
+    assert rows["torchgpipe"].kind == "tuned peer" and rows["torchgpipe"].feasible
     plan.save(tmp_path / "plan.json")
     assert Plan.load(tmp_path / "plan.json").baselines == plan.baselines
 
@@ -251,8 +248,8 @@ def test_plan_reports_tuned_peers_and_the_search_without_them() -> None:
     topo = load_topology(ROOT / "topologies" / "hetero.yaml")
     profile = random_profile(10, 12, sizes=(1, 2, 4))
     plan = solve(profile, topo, global_batch=32, time_limit=10)
-    tuned = [b for b in plan.baselines if b["kind"] == "tuned peer"]
-    assert [b["name"] for b in tuned] == [
+    tuned = [b for b in plan.baselines if b.kind == "tuned peer"]
+    assert [b.name for b in tuned] == [
         "DeepSpeed",
         "torchgpipe",
         "Megatron-LM",
@@ -260,20 +257,20 @@ def test_plan_reports_tuned_peers_and_the_search_without_them() -> None:
         "PipeDream",
         "data parallel",
     ]
-    it = plan.predicted["iteration_ms"]
+    it = plan.predicted.iteration_ms
     for b in tuned:
-        if b["feasible"]:
-            assert b["depth"] * b["data_parallel"] == 8 or b["name"] == "PipeDream"
-            assert b["microbatch_size"] * b["num_microbatches"] == 32
-            assert b["configuration"] and it <= b["iteration_ms"] * (1 + 1e-9)
-    alone = plan.solver["without_peers"]
-    assert it <= alone["iteration_ms"] * (1 + 1e-9)
+        if b.feasible:
+            assert b.depth * b.data_parallel == 8 or b.name == "PipeDream"
+            assert b.microbatch_size * b.num_microbatches == 32
+            assert b.configuration and it <= b.iteration_ms * (1 + 1e-9)
+    alone = plan.solver.without_peers
+    assert it <= alone.iteration_ms * (1 + 1e-9)
     # The search alone is exactly what solve finds with the peers switched off.
     off = solve(
         profile, topo, global_batch=32, time_limit=10, options=SolveOptions(baselines=False)
     )
-    assert off.baselines == [] and "without_peers" in off.solver
-    assert off.predicted["iteration_ms"] == pytest.approx(alone["iteration_ms"], rel=1e-12)
+    assert off.baselines == [] and off.solver.without_peers is not None
+    assert off.predicted.iteration_ms == pytest.approx(alone.iteration_ms, rel=1e-12)
 
 
 def test_deterministic() -> None:
@@ -298,12 +295,12 @@ def test_plan_round_trips_and_resimulates(tmp_path: Path) -> None:
         profile,
         topo,
         loaded.stages,
-        loaded.schedule["name"],
+        loaded.schedule.name,
         loaded.num_microbatches,
         loaded.microbatch_size,
-        virtual_stages=loaded.schedule.get("virtual_stages", 1),
+        virtual_stages=loaded.schedule.virtual_stages,
     )
-    assert res.iteration_ms == pytest.approx(loaded.predicted["iteration_ms"])
+    assert res.iteration_ms == pytest.approx(loaded.predicted.iteration_ms)
 
 
 def test_infeasible_memory_names_the_need() -> None:
@@ -342,13 +339,13 @@ def test_requested_schedule_is_used(schedule: str) -> None:
     profile = _pipeline_profile(n=12, param_mib=2000)
     topo = uniform_topology(4, memory_bytes=24 * 2**30)
     plan = solve(profile, topo, global_batch=32, schedule=schedule, time_limit=5)
-    assert plan.schedule["name"] == schedule
+    assert plan.schedule.name == schedule
     if schedule == "interleaved":
-        v = plan.schedule["virtual_stages"]
+        v = plan.schedule.virtual_stages
         assert v in (2, 3, 4)
         assert len(plan.stages) == v * len({tuple(s.devices) for s in plan.stages})
-    for dev, used in plan.predicted["memory_bytes"].items():
-        assert used <= plan.predicted["memory_limit_bytes"][dev]
+    for dev, used in plan.predicted.memory_bytes.items():
+        assert used <= plan.predicted.memory_limit_bytes[dev]
 
 
 def test_plan_says_when_its_prediction_includes_the_optimizer_step() -> None:
@@ -357,8 +354,8 @@ def test_plan_says_when_its_prediction_includes_the_optimizer_step() -> None:
     profile = load_profile(ROOT / "profiles" / "mlp.json")  # has per-layer optimizer_ms
     topo = load_topology(ROOT / "topologies" / "cpu.yaml")
     plan = solve(profile, topo, microbatches=4, time_limit=10)
-    steps = plan.predicted["step_ms"]
+    steps = plan.predicted.step_ms
     assert len(steps) == len(plan.stages) and all(x > 0 for x in steps)
     # The same prediction the simulator makes for the plan, step included.
-    again = simulate(profile, topo, plan.stages, plan.schedule["name"], 4, plan.microbatch_size)
+    again = simulate(profile, topo, plan.stages, plan.schedule.name, 4, plan.microbatch_size)
     assert again.step_ms == pytest.approx(steps, rel=1e-6)

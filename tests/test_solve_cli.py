@@ -63,8 +63,8 @@ def test_writes_plan_and_prints_summary(
         "uniform (peer default)",
     ):
         assert word in out
-    assert plan.profile["path"] == str(profile_path) and len(plan.profile["sha256"]) == 64
-    names = {b["name"] for b in plan.baselines}
+    assert plan.profile.path == str(profile_path) and len(plan.profile.sha256 or "") == 64
+    names = {b.name for b in plan.baselines}
     assert names >= {"DeepSpeed", "torchgpipe", "Megatron-LM", "PipeDream", "data parallel"}
     assert names >= {"uniform (peer default)", "parameter-balanced (peer default)"}
 
@@ -195,9 +195,10 @@ def test_lower_bound_is_the_one_simulate_and_show_report(
     code, out, err = _run([*args, "--time-limit", "5", "-o", str(out_path)], capsys)
     assert code == 0, err
     pred = Plan.load(out_path).predicted
+    assert pred is not None and pred.global_lower_bound_ms is not None
     assert "Global lower bound" in out
-    assert pred["global_lower_bound_ms"] <= pred["lower_bound_ms"] <= pred["iteration_ms"]
+    assert pred.global_lower_bound_ms <= pred.lower_bound_ms <= pred.iteration_ms
     for verb in (["show", str(out_path)], ["simulate", "--plan", str(out_path)]):
         code, out, err = _run([*verb, "--json"], capsys)
         assert code == 0, err
-        assert json.loads(out)["lower_bound_ms"] == pytest.approx(pred["lower_bound_ms"])
+        assert json.loads(out)["lower_bound_ms"] == pytest.approx(pred.lower_bound_ms)

@@ -149,10 +149,9 @@ def _write_outputs(
     if trace is not None:
         from planner.plan import Plan
         from planner.runtime.report import measured_trace
-        from planner.schedule import Schedule
 
         plan = Plan.load(plan_path)
-        data = measured_trace(report, Schedule.from_dict(plan.schedule))
+        data = measured_trace(report, plan.schedule)
         try:  # the plan's simulated step beside it, when its profile is at hand
             from planner.plan_inputs import resimulate
             from planner.render import render_trace

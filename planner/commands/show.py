@@ -49,7 +49,7 @@ def show_command(
     """
     from planner.errors import InputError
     from planner.fileio import check_output_path
-    from planner.plan import Plan
+    from planner.plan import Plan, Prediction
     from planner.plan_inputs import resimulate
     from planner.render import MIN_GANTT_WIDTH, write_pictures
 
@@ -62,15 +62,16 @@ def show_command(
             check_output_path(path, field=flag)
     plan = Plan.load(plan_file)
     result = resimulate(plan, plan_file)
-    name = plan.schedule.get("name", "?")
+    name = plan.schedule.name
     title = (
         f"{plan_file.name}: {name}, {len(plan.stages)} stages, {plan.num_microbatches} "
         f"microbatches of {plan.microbatch_size}"
     )
     written = write_pictures(result, plan.stages, svg=svg, html=html, trace=trace, title=title)
+    stored = plan.predicted.iteration_ms if plan.predicted is not None else None
     if as_json:
-        out = result.predicted()
-        out["stored_iteration_ms"] = plan.predicted.get("iteration_ms")
+        out = Prediction.from_result(result).to_dict()
+        out["stored_iteration_ms"] = stored
         out["written"] = written
         print(json.dumps(out, indent=1))
         return
@@ -80,21 +81,17 @@ def show_command(
 
     console = Console(highlight=False)
     print_report(result, console, stages=plan.stages, title=title, gantt=not no_gantt, width=width)
-    stored = plan.predicted.get("iteration_ms")
-    if isinstance(stored, int | float) and abs(stored - result.iteration_ms) > 1e-6 * max(
-        1.0, stored
-    ):
+    if stored is not None and abs(stored - result.iteration_ms) > 1e-6 * max(1.0, stored):
         console.print(f"(the plan file predicted {stored:.3f} ms)")
     solver = plan.solver
-    if solver:
-        console.print(f"Solver: {solver.get('method')}, {solver.get('status')}")
+    if solver is not None:
+        console.print(f"Solver: {solver.method}, {solver.status}")
     for b in plan.baselines:
-        ms = b.get("iteration_ms")
-        shown = f"{ms:.3f} ms" if isinstance(ms, int | float) else "-"
-        config = f" ({b['configuration']})" if b.get("configuration") else ""
+        ms = b.iteration_ms
+        shown = f"{ms:.3f} ms" if ms is not None else "-"
+        config = f" ({b.configuration})" if b.configuration else ""
         console.print(
-            f"  baseline {b.get('name')}: {shown}{config}"
-            + ("" if b.get("feasible", True) else " (does not fit)")
+            f"  baseline {b.name}: {shown}{config}" + ("" if b.feasible else " (does not fit)")
         )
     for done in written:
         console.print(f"wrote {done}")

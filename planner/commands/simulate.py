@@ -340,7 +340,8 @@ def simulate_command(
     Example: pipeplan simulate --plan plan.json --schedule zb
     """
     from planner.fileio import check_output_path
-    from planner.simulate import plan_from_result, simulate
+    from planner.plan import FileRef, plan_from_simulation
+    from planner.simulate import simulate
 
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         if path is not None:
@@ -358,9 +359,12 @@ def simulate_command(
         result.schedule.meta["step_ms"] = step_ms
     files = [str(output)] if output is not None else []
     if output is not None:
-        topology_path = str(got.topology_path) if got.topology_path is not None else None
-        plan_from_result(
-            result, specs, profile_path=str(got.profile_path), topology_path=topology_path
+        topo_path = got.topology_path
+        plan_from_simulation(
+            result,
+            specs,
+            profile=FileRef.of_file(str(got.profile_path)),
+            topology=FileRef(None) if topo_path is None else FileRef.of_file(topo_path),
         ).save(output)
     _emit(
         result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt
@@ -379,6 +383,7 @@ def _emit(
     gantt: bool,
 ) -> None:
     """Write the pictures asked for; print the predictions (JSON or table and chart)."""
+    from planner.plan import Prediction
     from planner.render import print_report, write_pictures
 
     title = (
@@ -387,7 +392,7 @@ def _emit(
     )
     files = files + write_pictures(result, specs, svg=svg, html=html, trace=trace, title=title)
     if as_json:
-        out = result.predicted()
+        out = Prediction.from_result(result).to_dict()
         out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
         out["written"] = files

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from planner.plan import Plan
+    from planner.plan import Plan, Prediction
 
 __all__ = ["print_plan", "register", "solve_command"]
 
@@ -104,15 +104,11 @@ def print_plan(
     from rich.console import Console
     from rich.table import Table
 
-    from planner.units import format_bytes
-
     console = console or Console(highlight=False)
-    pred: dict[str, Any] = plan.predicted
-    sched = plan.schedule.get("name", "?")
-    vs = plan.schedule.get("virtual_stages", 1)
+    sched, vs = plan.schedule.name, plan.schedule.virtual_stages
     title = (
         f"Plan: {len(plan.stages)} stages, schedule {sched}"
-        + (f" (v={vs})" if vs and vs > 1 else "")
+        + (f" (v={vs})" if vs > 1 else "")
         + f", {plan.num_microbatches} microbatches of {plan.microbatch_size}"
     )
     table = Table(title=title)
@@ -124,44 +120,52 @@ def print_plan(
         span = f"{names}  ({layer_names[a]} .. {layer_names[b]})" if a != b else names
         table.add_row(str(s.id), span, ", ".join(s.devices), "yes" if s.recompute else "")
     console.print(table)
+    if plan.predicted is not None:
+        _print_prediction(console, plan.predicted)
+    solver = plan.solver
+    if solver is not None:
+        line = f"Solver: {solver.method}, {solver.status}, {solver.seconds} s"
+        ilp = solver.ilp
+        if ilp is not None:
+            shown = "-" if ilp.gap is None else f"{100.0 * ilp.gap:.2f}%"
+            line += f"; ILP {ilp.status}, gap {shown}, {ilp.seconds} s"
+        console.print(line)
+
+    _print_peers(console, plan)
+    if output is not None:
+        console.print(f"Wrote {output}")
+
+
+def _print_prediction(console: Console, pred: Prediction) -> None:
+    """Memory per device, the predicted iteration and its lower bounds."""
+    from rich.table import Table
+
+    from planner.units import format_bytes
 
     mem = Table(title="Memory per device")
     mem.add_column("device")
     mem.add_column("peak", justify="right")
     mem.add_column("limit", justify="right")
     mem.add_column("use", justify="right")
-    limits = pred.get("memory_limit_bytes", {})
-    for dev, used in pred.get("memory_bytes", {}).items():
+    limits = pred.memory_limit_bytes
+    for dev, used in pred.memory_bytes.items():
         limit = limits.get(dev, 0)
         share = f"{100.0 * used / limit:.0f}%" if limit else "-"
         mem.add_row(dev, format_bytes(used), format_bytes(limit), share)
     console.print(mem)
 
-    it = pred.get("iteration_ms", 0.0)
-    lb = pred.get("lower_bound_ms", 0.0)
+    it, lb = pred.iteration_ms, pred.lower_bound_ms
     gap = f"{100.0 * (it / lb - 1):.1f}%" if lb else "-"
     console.print(
-        f"Predicted iteration: {it:.3f} ms  ({pred.get('samples_per_s', 0.0):.1f} samples/s, "
-        f"bubble {100.0 * pred.get('bubble_fraction', 0.0):.1f}%)"
+        f"Predicted iteration: {it:.3f} ms  ({pred.samples_per_s:.1f} samples/s, "
+        f"bubble {100.0 * pred.bubble_fraction:.1f}%)"
     )
     console.print(f"Lower bound: {lb:.3f} ms  (this plan; gap {gap})")
-    glb = pred.get("global_lower_bound_ms")
-    if isinstance(glb, int | float) and glb > 0:
+    glb = pred.global_lower_bound_ms
+    if glb is not None and glb > 0:
         console.print(
             f"Global lower bound: {glb:.3f} ms  (any plan; gap {100.0 * (it / glb - 1):.1f}%)"
         )
-    solver = plan.solver
-    ilp = solver.get("ilp")
-    line = f"Solver: {solver.get('method')}, {solver.get('status')}, {solver.get('seconds')} s"
-    if ilp:
-        ilp_gap = ilp.get("gap")
-        shown = "-" if ilp_gap is None else f"{100.0 * ilp_gap:.2f}%"
-        line += f"; ILP {ilp.get('status')}, gap {shown}, {ilp.get('seconds')} s"
-    console.print(line)
-
-    _print_peers(console, plan)
-    if output is not None:
-        console.print(f"Wrote {output}")
 
 
 def _print_peers(console: Console, plan: Plan) -> None:
@@ -169,15 +173,16 @@ def _print_peers(console: Console, plan: Plan) -> None:
     their plans joined its pool, and the peer defaults (one stage per device)."""
     from rich.table import Table
 
-    it = plan.predicted.get("iteration_ms", 0.0)
+    it = plan.predicted.iteration_ms if plan.predicted is not None else 0.0
 
     def ratio(ms: float | None) -> str:
         return f"{ms / it:.2f}x" if ms and it else "-"
 
-    tuned = [b for b in plan.baselines if b.get("kind") == "tuned peer"]
+    tuned = [b for b in plan.baselines if b.tuned]
     # Plans written before tuned peers existed have rows without a kind: peer defaults.
-    defaults = [b for b in plan.baselines if b.get("kind") != "tuned peer"]
-    alone = plan.solver.get("without_peers", {}).get("iteration_ms")
+    defaults = [b for b in plan.baselines if not b.tuned]
+    without = plan.solver.without_peers if plan.solver is not None else None
+    alone = without.iteration_ms if without is not None else None
     if tuned:
         table = Table(title="Peers at their best (same profile, topology, batch and simulator)")
         for col, justify in (("peer", "left"), ("best configuration", "left")):
@@ -185,13 +190,13 @@ def _print_peers(console: Console, plan: Plan) -> None:
         table.add_column("iteration ms", justify="right")
         table.add_column("vs pipeplan", justify="right")
         table.add_row("pipeplan", "", f"{it:.3f}", "1.00x")
-        if isinstance(alone, int | float):
+        if alone is not None:
             table.add_row("pipeplan, search alone", "(no peer seeds)", f"{alone:.3f}", ratio(alone))
         for row in tuned:
-            ms = row.get("iteration_ms")
+            ms = row.iteration_ms
             shown = f"{ms:.3f}" if ms is not None else "-"
-            what = row.get("configuration") or f"none: {row.get('reason', '')}"
-            table.add_row(row["name"], what, shown, ratio(ms))
+            what = row.configuration or f"none: {row.reason or ''}"
+            table.add_row(row.name, what, shown, ratio(ms))
         console.print(table)
     if defaults:
         base = Table(title="Peer defaults (one stage per device, device order)")
@@ -200,12 +205,12 @@ def _print_peers(console: Console, plan: Plan) -> None:
         base.add_column("vs pipeplan", justify="right")
         base.add_column("fits")
         for row in defaults:
-            ms = row.get("iteration_ms")
+            ms = row.iteration_ms
             shown = f"{ms:.3f}" if ms is not None else "-"
-            fits = "yes" if row.get("feasible") else "no"
-            if row.get("reason"):
-                fits = f"no: {row['reason']}"
-            base.add_row(row["name"], shown, ratio(ms), fits)
+            fits = "yes" if row.feasible else "no"
+            if row.reason:
+                fits = f"no: {row.reason}"
+            base.add_row(row.name, shown, ratio(ms), fits)
         console.print(base)
 
 

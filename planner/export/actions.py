@@ -24,7 +24,7 @@ mesh dimension of degree ``r``. Replica ``j`` runs microbatches ``j, j + r, ...`
 
 Example::
 
-    layout = torch_layout(plan.stages, Schedule.from_dict(plan.schedule))
+    layout = torch_layout(plan.stages, plan.schedule)
     layout.rows[0][1]        # ['1RECV_F0', '1F0', '1B0', '1SEND_B0', ...] (replica 0, rank 1)
 """
 

@@ -32,7 +32,7 @@ from planner.export.split import StageSplit, stage_splits
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.profile.schema import Profile, load_profile
-from planner.schedule import ActionType, Schedule, validate_schedule
+from planner.schedule import ActionType, Schedule
 
 __all__ = ["ExportSource", "load_export_source"]
 
@@ -59,13 +59,12 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
     """
     where = str(plan_path)
     plan = Plan.load(plan_path)
-    schedule = Schedule.from_dict(plan.schedule, source=where)
-    validate_schedule(schedule, plan.stages, source=where)
+    schedule = plan.schedule  # validated against the stages by Plan.load
     _refuse_schedule(plan, schedule, where)
     found = find_file(plan.profile, where)
     if found is None:
         raise InputError(
-            f"the plan's profile {plan.profile.get('path')!r} was not found (next to the "
+            f"the plan's profile {plan.profile.path!r} was not found (next to the "
             "plan or from here); export needs its layer names",
             file=where,
             field="profile.path",

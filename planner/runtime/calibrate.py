@@ -69,7 +69,7 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
                 t.backward_weight_ms *= rb
                 t.spread = {}
     note: dict[str, Any] = {
-        "plan_schedule": plan.schedule.get("name"),
+        "plan_schedule": plan.schedule.name,
         "microbatch_size": plan.microbatch_size,
         "stage_ratios": {str(s): [round(f, 4), round(b, 4)] for s, (f, b) in ratios.items()},
         # The profile has no field for it; simulate/solve take it as --step-ms.

@@ -27,9 +27,12 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import RunFailed
+
+if TYPE_CHECKING:
+    from planner.runtime.settings import WorkerConfig
 
 __all__ = ["RunFailed", "free_port", "in_torchrun", "launch_local", "worker_env"]
 
@@ -76,7 +79,7 @@ def in_torchrun() -> bool:
     )
 
 
-def launch_local(config: dict[str, Any], world_size: int, *, timeout_s: float) -> dict[str, Any]:
+def launch_local(config: WorkerConfig, world_size: int, *, timeout_s: float) -> dict[str, Any]:
     """Spawn ``world_size`` workers on ``config`` and wait; rank 0's gathered result.
 
     Example::
@@ -84,13 +87,14 @@ def launch_local(config: dict[str, Any], world_size: int, *, timeout_s: float) -
         result = launch_local(config, 2, timeout_s=60)
         result["ranks"][0]["step_seconds"]
     """
+    import dataclasses
     import subprocess
     import sys
 
-    run_dir = Path(config["run_dir"])
-    config = dict(config, init_method=f"tcp://127.0.0.1:{free_port()}")
+    run_dir = Path(config.run_dir)
+    config = dataclasses.replace(config, init_method=f"tcp://127.0.0.1:{free_port()}")
     path = run_dir / "config.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps(config.to_dict()))
     env = worker_env()
     procs: list[Any] = []
     try:
@@ -114,7 +118,7 @@ def launch_local(config: dict[str, Any], world_size: int, *, timeout_s: float) -
     return result
 
 
-def _watch(procs: list[Any], run_dir: Path, config: dict[str, Any], timeout_s: float) -> None:
+def _watch(procs: list[Any], run_dir: Path, config: WorkerConfig, timeout_s: float) -> None:
     started = time.monotonic()
     while True:
         codes = [p.poll() for p in procs]
@@ -156,7 +160,7 @@ _SECONDARY = ("Timed out", "timed out", "Connection reset", "Connection closed",
 
 
 def _failure_message(
-    procs: list[Any], failed: list[int], run_dir: Path, config: dict[str, Any]
+    procs: list[Any], failed: list[int], run_dir: Path, config: WorkerConfig
 ) -> str:
     # The rank that failed first: one that died without a word (killed), else one with a
     # real error, else the earliest line; ranks that only lost or waited for a peer (a
@@ -187,10 +191,8 @@ def _failure_message(
     return f"{line}; stopped every rank"
 
 
-def _devices(config: dict[str, Any], rank: int) -> str:
-    from planner.runtime.placement import Placement
-
-    return ", ".join(Placement.from_dict(config["placement"]).devices_of(rank))
+def _devices(config: WorkerConfig, rank: int) -> str:
+    return ", ".join(config.placement.devices_of(rank))
 
 
 def _kill_all(procs: list[Any]) -> None:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from planner.plan import Plan
+
 __all__ = [
     "explain_gap",
     "RunReport",
@@ -125,7 +127,7 @@ class RunReport:
         }
 
 
-def explain_gap(report: RunReport, profile: Any, plan: Any) -> None:
+def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
     """Set ``report.compute_ratio`` from the profile, and where measured and predicted differ
     by over 15%, add a note saying whether the stages' compute accounts for it.
 
@@ -163,7 +165,7 @@ def explain_gap(report: RunReport, profile: Any, plan: Any) -> None:
 def build_report(
     result: dict[str, Any],
     *,
-    plan: Any,
+    plan: Plan,
     placement: Any,
     steps: int,
     warmup: int,
@@ -197,11 +199,11 @@ def build_report(
         for k, v in r["stage_ms"].items():
             stage_ms[k] = max(stage_ms.get(k, 0.0), float(v))
     events = [ev for r in ranks for ev in r["events"]]
-    predicted = plan.predicted.get("iteration_ms")
+    pred = plan.predicted
+    predicted = pred.iteration_ms if pred is not None else None
     step = max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0)
-    meta = plan.schedule.get("meta")
-    step_predicted = bool(plan.predicted.get("step_ms")) or (
-        isinstance(meta, dict) and bool(meta.get("step_ms"))
+    step_predicted = bool(pred is not None and pred.step_ms) or bool(
+        plan.schedule.meta.get("step_ms")
     )
     if predicted and step > 0.05 * float(predicted) and not step_predicted:
         notes = [
@@ -210,7 +212,7 @@ def build_report(
             f"leaves out (simulate --step-ms {step:.2f} includes it)",
         ]
     return RunReport(
-        schedule=str(plan.schedule.get("name")),
+        schedule=plan.schedule.name,
         device=placement.device_type,
         backend=placement.backend,
         world_size=placement.world_size,
@@ -228,7 +230,7 @@ def build_report(
         memory_kind=ranks[0]["memory_kind"],
         stage_ms=dict(sorted(stage_ms.items())),
         events=events,
-        predicted_memory_bytes=dict(plan.predicted.get("memory_bytes", {})),
+        predicted_memory_bytes=dict(pred.memory_bytes) if pred is not None else {},
         notes=notes,
         precision=str(ranks[0].get("precision", "fp32")),
         skipped_steps=[i for i, skip in enumerate(ranks[0].get("skipped", [])) if skip],

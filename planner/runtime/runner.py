@@ -20,15 +20,21 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.plan import Plan
 from planner.runtime.report import RunReport, build_report, explain_gap
+from planner.runtime.settings import RunSettings, WorkerConfig
+
+if TYPE_CHECKING:
+    from planner.runtime.placement import Placement
+    from planner.schedule.actions import Schedule
 
 __all__ = [
     "check_plan",
@@ -93,12 +99,10 @@ def check_run_options(
 
 def check_plan(
     plan: Plan, model_path: str | os.PathLike[str], plan_source: str | None
-) -> dict[str, Any]:
-    """Refuse a plan that does not fit ``model_path``; returns the run's settings.
-
-    The result has ``optimizer``, ``split_at``, ``capture``, ``threads`` (of the profile,
-    when found),
-    the validated ``schedule`` and ``notes`` for the report.
+) -> RunSettings:
+    """Refuse a plan that does not fit ``model_path``; returns the run's settings (the
+    profile's optimizer, graph capture, precision and threads when the profile is found,
+    and the notes for the report). ``plan`` is valid (``Plan.load`` or ``Plan.validate``).
 
     Example::
 
@@ -107,11 +111,9 @@ def check_plan(
     from planner.plan_inputs import check_unchanged, find_file
     from planner.profile.loader import load_model_file
     from planner.profile.schema import load_profile
-    from planner.schedule import Schedule, validate_schedule
 
     where = plan_source or "<plan>"
-    schedule = Schedule.from_dict(plan.schedule, source=where)
-    validate_schedule(schedule, plan.stages, source=where)
+    schedule = plan.schedule
     if schedule.iterations != 1:
         raise InputError(
             f"the schedule lists {schedule.iterations} iterations; run executes one "
@@ -120,25 +122,13 @@ def check_plan(
             field="schedule.iterations",
         )
     user = load_model_file(model_path)
-    notes: list[str] = []
-    settings: dict[str, Any] = {
-        "optimizer": "adam",
-        "split_at": None,
-        "capture": "auto",
-        "precision": None,  # the profile's, when the plan's profile is found
-        "threads": None,
-        "schedule": schedule,
-        "profile": None,
-        "notes": notes,
-    }
+    settings = RunSettings(num_layers=max(s.last for s in plan.stages) + 1)
     found = find_file(plan.profile, plan_source)
     if found is None:
-        notes.append(f"profile {plan.profile.get('path')!r} not found: model source not checked")
+        settings.notes.append(f"profile {plan.profile.path!r} not found: model source not checked")
     else:
         check_unchanged(found, plan.profile, "profile", where)
         profile = load_profile(found)
-        settings["profile"] = profile
-        settings["profile_path"] = str(found)
         if profile.source_sha256 and profile.source_sha256 != user.source_sha256:
             raise InputError(
                 f"this model.py is not the one profiled for the plan (its sha256 "
@@ -148,42 +138,45 @@ def check_plan(
                 file=str(model_path),
                 field="source_sha256",
             )
-        settings["optimizer"] = profile.optimizer
-        settings["split_at"] = profile.meta.get("split_at")
-        settings["capture"] = profile.meta.get("capture") or "fx"  # older profiles: fx only
-        settings["precision"] = profile.precision
-        settings["threads"] = profile.meta.get("threads")
-        settings["layer_names"] = [layer.name for layer in profile.layers]
-    settings["num_layers"] = max(s.last for s in plan.stages) + 1
+        settings.profile, settings.profile_path = profile, str(found)
+        settings.optimizer = profile.optimizer
+        settings.split_at = profile.meta.get("split_at")
+        settings.capture = profile.meta.get("capture") or "fx"  # older profiles: fx only
+        settings.precision = profile.precision
+        settings.threads = profile.meta.get("threads")
+        settings.layer_names = [layer.name for layer in profile.layers]
     return settings
 
 
 def run_precision(
-    settings: dict[str, Any], asked: str | None, plan_source: str | None = None
+    settings: RunSettings,
+    asked: str | None,
+    plan_source: str | None = None,
+    *,
+    schedule: Schedule | None = None,
 ) -> str:
     """The precision a run trains at: the profile's; ``asked`` (``--precision``) must agree
     with it, and names it when the plan's profile is not at hand. fp16 trains with loss
     scaling agreed by every stage (:mod:`planner.runtime.loss_scale`), which needs a
-    flush: fp16 with 2bw's stale weights is refused.
+    flush: fp16 with 2bw's stale weights (``schedule``: the plan's) is refused.
 
     Example::
 
-        run_precision({"precision": "bf16", "profile_path": "p.json"}, None)   # 'bf16'
+        run_precision(RunSettings(6, precision="bf16"), None, schedule=plan.schedule)  # 'bf16'
     """
     from planner.precision import check_precision
 
-    profiled = settings.get("precision")
+    profiled = settings.precision
     if asked is not None:
         check_precision(asked)
         if profiled is not None and asked != profiled:
             raise InputError(
-                f"the plan's profile {settings.get('profile_path')} was measured at "
+                f"the plan's profile {settings.profile_path} was measured at "
                 f"{profiled}, not {asked}; profile again with --precision {asked} and solve",
                 file=plan_source,
                 field="--precision",
             )
     chosen = str(asked or profiled or "fp32")
-    schedule = settings.get("schedule")
     if chosen == "fp16" and schedule is not None and not schedule.flush:
         raise InputError(
             f"fp16 loss scaling skips a step on every stage at once, which the "
@@ -195,7 +188,7 @@ def run_precision(
     return chosen
 
 
-def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], plan: Plan) -> None:
+def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan: Plan) -> None:
     """Split the model here once, so a mismatch is one clear line, not a worker crash."""
     import torch
 
@@ -208,9 +201,9 @@ def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], p
     model.train()
     inputs, _ = user.batch(plan.microbatch_size)
     split = capture_model(
-        model, inputs, settings.get("split_at"), capture=settings["capture"], source=model_path
+        model, inputs, settings.split_at, capture=settings.capture, source=model_path
     )
-    names = settings.get("layer_names")
+    names = settings.layer_names
     if names is not None and list(split.names) != list(names):
         raise InputError(
             f"the model splits into {split.num_layers} layers {split.names[:4]}... but the "
@@ -218,9 +211,9 @@ def _check_split(settings: dict[str, Any], model_path: str | os.PathLike[str], p
             file=str(model_path),
             field="layers",
         )
-    if settings["num_layers"] != split.num_layers:
+    if settings.num_layers != split.num_layers:
         raise InputError(
-            f"the plan's stages cover {settings['num_layers']} layers but the model splits "
+            f"the plan's stages cover {settings.num_layers} layers but the model splits "
             f"into {split.num_layers}",
             file=str(model_path),
             field="stages",
@@ -235,7 +228,7 @@ def prepare_run(
     device_map: str | None = None,
     world_size: int | None = None,
     plan_source: str | None = None,
-) -> tuple[Plan, dict[str, Any], Any]:
+) -> tuple[Plan, RunSettings, Placement]:
     """Load and check the plan and place its devices: ``(plan, settings, placement)``.
 
     Example::
@@ -247,6 +240,8 @@ def prepare_run(
     if not isinstance(plan, Plan):
         plan_source = str(plan)
         plan = Plan.load(plan)
+    else:  # built in memory: checked as Plan.load checks a file
+        plan.validate(source=plan_source or "<plan>")
     settings = check_plan(plan, model_path, plan_source)
     _check_split(settings, model_path, plan)
     placement = place(plan.stages, device, world_size=world_size, device_map=device_map)
@@ -256,20 +251,20 @@ def prepare_run(
             for r in range(placement.world_size)
             if len(placement.devices_of(r)) > 1
         ]
-        settings["notes"].append(
+        settings.notes.append(
             "devices shared: several plan devices run in one process (" + "; ".join(shared) + ")"
         )
-    if plan.schedule.get("name") == "2bw" or not settings["schedule"].flush:
+    if plan.schedule.name == "2bw" or not plan.schedule.flush:
         from planner.runtime.worker import stream_2bw
 
-        _, stream = stream_2bw(settings["schedule"], plan.stages, plan.num_microbatches, 2)
+        _, stream = stream_2bw(plan.schedule, plan.stages, plan.num_microbatches, 2)
         how = (
             "iterations run as one continuous stream without a flush (the next one starts "
             "while the last drains), as the steady-state prediction assumes"
             if stream
             else "the plan's own (hand-made) lists run once per step"
         )
-        settings["notes"].append(
+        settings.notes.append(
             "2bw: two weight versions, one-step-stale gradients "
             f"(W(t+1) = W(t) - lr * grad f(W(t-1))); {how}"
         )
@@ -278,8 +273,8 @@ def prepare_run(
 
 def worker_config(
     plan: Plan,
-    settings: dict[str, Any],
-    placement: Any,
+    settings: RunSettings,
+    placement: Placement,
     model_path: str | os.PathLike[str],
     *,
     steps: int,
@@ -290,8 +285,8 @@ def worker_config(
     lr: float | None = None,
     return_params: bool = False,
     plan_source: str | None = None,
-) -> dict[str, Any]:
-    """The JSON-able settings every worker reads.
+) -> WorkerConfig:
+    """What every worker reads (as JSON, :meth:`WorkerConfig.to_dict`).
 
     Example::
 
@@ -299,24 +294,24 @@ def worker_config(
                                timeout_s=60, run_dir="/tmp/run")
     """
     if threads is None:
-        threads = settings.get("threads") or max(1, (os.cpu_count() or 1) // placement.world_size)
-    return {
-        "plan": plan.to_dict(),
-        "plan_source": plan_source or "<plan>",
-        "model": str(Path(model_path).resolve()),
-        "placement": placement.to_dict(),
-        "steps": steps,
-        "warmup": warmup,
-        "timeout_s": timeout_s,
-        "run_dir": run_dir,
-        "threads": int(threads),
-        "optimizer": settings["optimizer"],
-        "split_at": settings.get("split_at"),
-        "capture": settings.get("capture", "auto"),
-        "precision": settings.get("precision") or "fp32",
-        "lr": lr,
-        "return_params": return_params,
-    }
+        threads = settings.threads or max(1, (os.cpu_count() or 1) // placement.world_size)
+    return WorkerConfig(
+        plan=plan,
+        plan_source=plan_source or "<plan>",
+        model=str(Path(model_path).resolve()),
+        placement=placement,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout_s,
+        run_dir=run_dir,
+        threads=int(threads),
+        optimizer=settings.optimizer,
+        split_at=settings.split_at,
+        capture=settings.capture,
+        precision=settings.precision or "fp32",
+        lr=lr,
+        return_params=return_params,
+    )
 
 
 def run_plan(
@@ -356,8 +351,8 @@ def run_plan(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source
     )
     if optimizer is not None:
-        settings["optimizer"] = optimizer
-    settings["precision"] = run_precision(settings, precision, plan_source)
+        settings.optimizer = optimizer
+    settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
         config = worker_config(
@@ -381,15 +376,15 @@ def run_plan(
             placement=placement,
             steps=steps,
             warmup=warmup,
-            notes=settings["notes"],
+            notes=settings.notes,
         )
         if return_params:
             report.parameters = torch.load(Path(run_dir) / "params.pt")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    report.profile_path = settings.get("profile_path")
-    if settings.get("profile") is not None:
-        explain_gap(report, settings["profile"], plan)
+    report.profile_path = settings.profile_path
+    if settings.profile is not None:
+        explain_gap(report, settings.profile, plan)
     return report
 
 
@@ -425,7 +420,7 @@ def run_this_rank(
     plan, settings, placement = prepare_run(
         plan_path, model_path, device=device, world_size=world, plan_source=source
     )
-    settings["precision"] = run_precision(settings, precision, source)
+    settings.precision = run_precision(settings, precision, source, schedule=plan.schedule)
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     parameters = None
     try:
@@ -434,8 +429,7 @@ def run_this_rank(
             timeout_s=timeout_s, run_dir=run_dir, threads=threads, lr=lr,
             plan_source=source, return_params=return_params,
         )  # fmt: skip
-        config["init_method"] = "env://"
-        result = worker_main(rank, config)
+        result = worker_main(rank, dataclasses.replace(config, init_method="env://"))
         if result is not None and return_params:
             parameters = torch.load(Path(run_dir) / "params.pt")
     finally:
@@ -444,8 +438,8 @@ def run_this_rank(
         sys.stdout.flush()
         return None
     report = build_report(
-        result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings["notes"]
+        result, plan=plan, placement=placement, steps=steps, warmup=warmup, notes=settings.notes
     )
-    report.profile_path = settings.get("profile_path")
+    report.profile_path = settings.profile_path
     report.parameters = parameters
     return report

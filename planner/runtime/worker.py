@@ -14,7 +14,8 @@ watchdog then stops every other rank.
 
 Example::
 
-    worker_main(rank=0, config=json.loads(Path(run_dir, "config.json").read_text()))
+    config = WorkerConfig.from_dict(json.loads(Path(run_dir, "config.json").read_text()))
+    worker_main(rank=0, config=config)
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+    from planner.runtime.settings import WorkerConfig
 
 __all__ = ["FAULT_ENV", "stream_2bw", "worker_entry", "worker_main"]
 
@@ -45,12 +50,14 @@ def worker_entry(rank: int, config_path: str) -> None:
 
         python -m planner.runtime.worker 0 /tmp/run/config.json   # what launch.py starts
     """
+    from planner.runtime.settings import WorkerConfig
+
     _die_with_parent()
-    config = json.loads(Path(config_path).read_text())
+    raw = json.loads(Path(config_path).read_text())
     try:
-        worker_main(rank, config)
+        worker_main(rank, WorkerConfig.from_dict(raw))
     except BaseException as exc:  # report every failure, then end this process at once
-        _write_error(Path(config["run_dir"]), rank, config, exc)
+        _write_error(Path(raw["run_dir"]), rank, raw["placement"], exc)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
@@ -68,11 +75,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _write_error(run_dir: Path, rank: int, config: dict[str, Any], exc: BaseException) -> None:
+def _write_error(run_dir: Path, rank: int, placement: Any, exc: BaseException) -> None:
     from planner.errors import InputError
     from planner.runtime.placement import Placement
 
-    devices = Placement.from_dict(config["placement"]).devices_of(rank)
+    devices = Placement.from_dict(placement).devices_of(rank)
     if isinstance(exc, InputError):
         text = exc.one_line()
     elif isinstance(exc, KeyboardInterrupt):
@@ -125,29 +132,26 @@ class _Measured:
     last_events: list[dict[str, Any]] = field(default_factory=list)
 
 
-def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
+def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
     """Run this rank's share of the plan; rank 0 returns (and writes) the gathered result.
 
-    ``config`` is what :func:`planner.runtime.launch.worker_config` builds.
+    ``config`` is what :func:`planner.runtime.runner.worker_config` builds (its plan read
+    and validated once, by ``WorkerConfig.from_dict`` or the caller).
     """
     import torch
 
-    from planner.plan import plan_from_dict
     from planner.precision import autocast
     from planner.profile.loader import load_model_file
     from planner.profile.split import capture_model
     from planner.runtime.comm import cut_specs
-    from planner.runtime.placement import Placement
-    from planner.schedule.actions import Schedule
 
-    run_dir = Path(config["run_dir"])
-    placement = Placement.from_dict(config["placement"])
+    run_dir = Path(config.run_dir)
+    placement = config.placement
     device, control = _init_process(rank, config, placement)
     _heartbeat(run_dir, rank)
 
-    plan = plan_from_dict(config["plan"], source=config.get("plan_source", "<plan>"))
-    schedule = Schedule.from_dict(plan.schedule, source=config.get("plan_source"))
-    user = load_model_file(config["model"])
+    plan, schedule = config.plan, config.plan.schedule
+    user = load_model_file(config.model)
     torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
     model = user.build()
     model.train()
@@ -155,11 +159,11 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     split = capture_model(
         model,
         sample_inputs,
-        config.get("split_at"),
-        capture=config.get("capture") or "auto",
-        source=config["model"],
+        config.split_at,
+        capture=config.capture,
+        source=config.model,
     )
-    precision = str(config.get("precision") or "fp32")
+    precision = config.precision
 
     def mixed() -> Any:  # every forward and loss under the profile's autocast
         return autocast(device.type, precision)
@@ -198,7 +202,7 @@ def worker_main(rank: int, config: dict[str, Any]) -> dict[str, Any] | None:
     return _gather(rank, run_dir, config, placement, stages, mine, control)
 
 
-def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[Any, Any]:
+def _init_process(rank: int, config: WorkerConfig, placement: Any) -> tuple[Any, Any]:
     """Threads, allocator, this rank's device and the process group; returns the device and
     the gloo group for control messages (None: the default group is gloo already)."""
     import torch
@@ -207,7 +211,7 @@ def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[An
     from planner.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the profiler did: see planner.allocator
-    torch.set_num_threads(int(config.get("threads") or 1))
+    torch.set_num_threads(config.threads)
     if placement.device_type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         device = torch.device("cuda", local_rank)
@@ -216,10 +220,10 @@ def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[An
         device = torch.device("cpu")
     dist.init_process_group(
         placement.backend,
-        init_method=config.get("init_method") or "env://",
+        init_method=config.init_method or "env://",
         rank=rank,
         world_size=placement.world_size,
-        timeout=datetime.timedelta(seconds=float(config["timeout_s"])),
+        timeout=datetime.timedelta(seconds=config.timeout_s),
     )
     control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
     return device, control
@@ -227,8 +231,8 @@ def _init_process(rank: int, config: dict[str, Any], placement: Any) -> tuple[An
 
 def _build_stages(
     rank: int,
-    config: dict[str, Any],
-    plan: Any,
+    config: WorkerConfig,
+    plan: Plan,
     schedule: Any,
     placement: Any,
     split: Any,
@@ -246,7 +250,7 @@ def _build_stages(
     m = plan.num_microbatches
     local = placement.devices_of(rank)
     two_bw = schedule.name == "2bw" or not schedule.flush
-    total = int(config["warmup"]) + int(config["steps"])
+    total = config.warmup + config.steps
     device_actions, stream = schedule.devices, False
     if two_bw and total > 1:
         device_actions, stream = stream_2bw(schedule, plan.stages, m, total)
@@ -261,7 +265,7 @@ def _build_stages(
         is_last = spec.id == len(plan.stages) - 1
         params = [p for p in module.parameters() if p.requires_grad]
         kind = StreamedTwoBW if stream else TwoBufferedWeights if two_bw else PlainStep
-        out.steppers[spec.id] = kind(params, config["optimizer"], config.get("lr"))
+        out.steppers[spec.id] = kind(params, config.optimizer, config.lr)
         out.runtimes[spec.id] = StageRuntime(
             module,
             stage_id=spec.id,
@@ -276,8 +280,8 @@ def _build_stages(
 
 def _executor(
     rank: int,
-    config: dict[str, Any],
-    plan: Any,
+    config: WorkerConfig,
+    plan: Plan,
     placement: Any,
     split: Any,
     stages: _Stages,
@@ -310,7 +314,7 @@ def _executor(
     # fp16: the loss scale, and the group of every rank that agrees on overflows (created
     # on every rank, after the tie groups).
     scaler, scale_group = None, None
-    if str(config.get("precision") or "fp32") == "fp16":
+    if config.precision == "fp16":
         scaler = AgreedLossScaler(device)
         if placement.world_size > 1:
             scale_group = dist.new_group(list(range(placement.world_size)))
@@ -325,7 +329,7 @@ def _executor(
         )
     order = message_order(stages.device_actions, plan.stages, placement.rank_of)
     local = placement.devices_of(rank)
-    run_dir = Path(config["run_dir"])
+    run_dir = Path(config.run_dir)
     executor = ProcessExecutor(
         rank,
         placement,
@@ -337,7 +341,7 @@ def _executor(
         P2P(rank, order, specs, device, threaded=device.type == "cpu" and len(local) > 1),
         groups,
         device,
-        timeout_s=float(config["timeout_s"]),
+        timeout_s=config.timeout_s,
         heartbeat=lambda: _heartbeat(run_dir, rank),
         tied=tied,
         scaler=scaler,
@@ -347,7 +351,7 @@ def _executor(
 
 
 def _batches(
-    step: int, user: Any, split: Any, plan: Any, runtimes: dict[int, Any], device: Any
+    step: int, user: Any, split: Any, plan: Plan, runtimes: dict[int, Any], device: Any
 ) -> tuple[list[Any] | None, list[Any] | None]:
     """Step ``step``'s microbatches: inputs for a first stage, targets for a last one."""
     import torch
@@ -375,15 +379,15 @@ def _train(
     executor: Any,
     batches: Any,
     stream: bool,
-    config: dict[str, Any],
+    config: WorkerConfig,
     control: Any,
-    plan: Any,
+    plan: Plan,
 ) -> _Measured:
     """Run the warm-up and measured steps (2bw: one continuous stream of them)."""
     import torch.distributed as dist
 
-    warmup = int(config["warmup"])
-    total = warmup + int(config["steps"])
+    warmup = config.warmup
+    total = warmup + config.steps
     out = _Measured()
     if stream:
         # One continuous 2bw stream: the data of every iteration, then one run.
@@ -419,7 +423,7 @@ def _train(
 def _gather(
     rank: int,
     run_dir: Path,
-    config: dict[str, Any],
+    config: WorkerConfig,
     placement: Any,
     stages: _Stages,
     mine: dict[str, Any],
@@ -430,7 +434,7 @@ def _gather(
     import torch.distributed as dist
 
     trained: dict[str, Any] = {}
-    if config.get("return_params"):
+    if config.return_params:
         for s, rt in stages.runtimes.items():
             tensors = stages.steppers[s].state() if stages.two_bw else rt.params
             for name, t in zip(stages.names[s], tensors, strict=True):
@@ -438,13 +442,13 @@ def _gather(
     gathered: list[Any] = [None] * placement.world_size if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0, group=control)
     gathered_params: list[Any] = [None] * placement.world_size if rank == 0 else []
-    if config.get("return_params"):
+    if config.return_params:
         dist.gather_object(trained, gathered_params if rank == 0 else None, dst=0, group=control)
     out = None
     if rank == 0:
         out = {"ranks": gathered}
         (run_dir / "result.json").write_text(json.dumps(out))
-        if config.get("return_params"):
+        if config.return_params:
             merged: dict[str, Any] = {}
             for part in gathered_params:
                 for k, v in part.items():

@@ -17,7 +17,7 @@ Example::
 
     a = Action.parse("SEND_F0.3->gpu1")
     str(a)                                   # 'SEND_F0.3->gpu1'
-    sched = Schedule.from_dict(plan.schedule)
+    sched = Schedule.from_dict(plan_json["schedule"])   # plan.schedule: already one
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class Schedule:
 
         Example::
 
-            plan.schedule = schedule.to_dict()
+            plan_json["schedule"] = schedule.to_dict()
         """
         out: dict[str, Any] = {
             "name": self.name,
@@ -201,7 +201,7 @@ class Schedule:
 
         Example::
 
-            Schedule.from_dict(plan.schedule, source="plan.json")
+            Schedule.from_dict(plan_json["schedule"], source="plan.json")
         """
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise InputError('expected an object with "name"', file=source, field="schedule")
