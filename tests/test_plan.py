@@ -10,6 +10,7 @@ import pytest
 
 from planner.cost import synthetic_profile
 from planner.errors import InputError
+from planner.fileio import sha256_file
 from planner.plan import (
     Baseline,
     FileRef,
@@ -23,7 +24,7 @@ from planner.plan import (
     validate_stages,
 )
 from planner.schedule import Schedule, build_schedule
-from planner.simulate import plan_from_result, simulate
+from planner.simulate import simulate
 from planner.topology import uniform_topology
 
 DATA = Path(__file__).resolve().parent / "data" / "plans"
@@ -241,13 +242,21 @@ def test_missing_optional_fields_are_fine(tmp_path: Path) -> None:
 
 
 def test_plan_takes_its_parts_in_their_file_form(tmp_path: Path) -> None:
-    """``Plan(...)`` coerces dicts (as ``simulate.plan_from_result`` passes them) with the
-    checks of a plan file; the result equals the plan built from typed parts."""
+    """``Plan(...)`` coerces dicts (a plan's parts as JSON) with the checks of a plan file;
+    the result equals the plan built from typed parts."""
     typed = _plan(tmp_path)
     stages = parse_stages("0-1:gpu0;2-3:gpu1")
     result = simulate(synthetic_profile(4), None, stages, "1f1b", 4)
-    legacy = plan_from_result(
-        result, stages, profile_path=str(tmp_path / "p.json"), topology_path=None
+    path = str(tmp_path / "p.json")
+    legacy = Plan(
+        profile={"path": path, "sha256": sha256_file(path)},
+        topology={"path": None, "sha256": None},
+        microbatch_size=result.microbatch_size,
+        num_microbatches=result.num_microbatches,
+        stages=stages,
+        schedule=result.schedule.to_dict(),
+        predicted=result.predicted(),
+        solver={"method": "manual", "status": "given", "seconds": 0.0, "gap": None},
     )
     assert isinstance(legacy.predicted, Prediction) and isinstance(legacy.schedule, Schedule)
     assert legacy.profile == typed.profile and legacy.solver == typed.solver

@@ -45,7 +45,8 @@ How it is computed (one concept per module):
 * ``totals``: peaks and busy times, which follow from program order alone;
 * ``timing``: :func:`simulate_schedule` (tables, shape, engine, result; its ``engine=``
   option picks the engine); ``iteration``: :func:`simulate`; ``result``: :class:`SimResult`
-  and its events; ``bounds``: :func:`lower_bound_ms`; ``to_plan``: :func:`plan_from_result`.
+  and its events; ``bounds``: :func:`lower_bound_ms`. A plan from a simulation is
+  :func:`planner.plan.plan_from_simulation`'s.
 
 Example::
 
@@ -60,7 +61,6 @@ from planner.simulate.iteration import STREAM_ITERATIONS, simulate
 from planner.simulate.result import SimEvent, SimResult, TransferEvent
 from planner.simulate.tables import overflow_agreement_ms, tied_exchange_ms
 from planner.simulate.timing import ENGINES, Engine, simulate_schedule
-from planner.simulate.to_plan import plan_from_result
 
 __all__ = [
     "ENGINES",
@@ -71,7 +71,6 @@ __all__ = [
     "TransferEvent",
     "lower_bound_ms",
     "overflow_agreement_ms",
-    "plan_from_result",
     "simulate",
     "simulate_schedule",
     "tied_exchange_ms",

@@ -125,26 +125,16 @@ class SimResult:
         return {d: max(0.0, self.iteration_ms - b) for d, b in self.busy_ms.items()}
 
     def predicted(self) -> dict[str, Any]:
-        """The plan's ``predicted`` object.
+        """The plan's ``predicted`` object of this simulation
+        (:meth:`planner.plan.Prediction.from_result`, as JSON).
 
         Example::
 
-            plan.predicted = result.predicted()
+            result.predicted()["iteration_ms"]
         """
-        out: dict[str, Any] = {
-            "iteration_ms": round(self.iteration_ms, 6),
-            "samples_per_s": round(self.samples_per_s, 6),
-            "bubble_fraction": round(self.bubble_fraction, 6),
-            "lower_bound_ms": round(self.lower_bound_ms, 6),
-            "memory_bytes": dict(self.memory_bytes),
-            "memory_limit_bytes": dict(self.memory_limit_bytes),
-            "busy_ms": {d: round(b, 6) for d, b in self.busy_ms.items()},
-        }
-        if self.staleness is not None:
-            out["staleness"] = list(self.staleness)
-        if any(self.step_ms):  # absent: the prediction leaves the optimizer step out
-            out["step_ms"] = [round(x, 6) for x in self.step_ms]
-        return out
+        from planner.plan import Prediction
+
+        return Prediction.from_result(self).to_dict()
 
 
 class EngineOutput(NamedTuple):
