@@ -73,7 +73,7 @@ def cut_specs(
     import torch
 
     from planner.profile.split import retarget_device
-    from planner.runtime.batch import to_device
+    from planner.tensors import to_device
 
     moving = device is not None and torch.device(device).type != "cpu"
     out: list[list[ValueSpec]] = []

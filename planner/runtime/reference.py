@@ -23,7 +23,7 @@ from planner.optimizers import make_optimizer
 from planner.precision import autocast
 from planner.profile.export_graph import call_for_training
 from planner.profile.loader import load_model_file
-from planner.runtime.batch import slice_batch, to_device
+from planner.tensors import slice_batch, to_device
 
 __all__ = ["ReferenceRun", "train_single_process"]
 

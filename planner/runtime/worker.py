@@ -356,7 +356,7 @@ def _batches(
     """Step ``step``'s microbatches: inputs for a first stage, targets for a last one."""
     import torch
 
-    from planner.runtime.batch import slice_batch, to_device
+    from planner.tensors import slice_batch, to_device
 
     needs_inputs = 0 in runtimes
     needs_targets = len(plan.stages) - 1 in runtimes
