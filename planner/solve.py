@@ -57,6 +57,7 @@ from planner.partition.peers import PeerBest
 from planner.plan import Plan, StageSpec, plan_from_simulation
 from planner.plan_parts import Baseline, FileRef, IlpInfo, SolverInfo, WithoutPeers
 from planner.profile.schema import Profile, as_profile
+from planner.schedule.families import FAMILIES, family
 from planner.topology import as_topology
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ __all__ = [
     "solve",
 ]
 
-SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "interleaved", "zb", "2bw")
+SCHEDULE_CHOICES = ("auto", *(n for n, f in FAMILIES.items() if not f.searched))
 # Synchronous schedules "auto" tries, most conventional first (ties keep the earlier one).
 _AUTO = ("1f1b", "gpipe", "zb", "interleaved")
 
@@ -242,7 +243,7 @@ def _in_flight(
 
 
 def _weight_versions(schedule: str) -> int:
-    return 2 if schedule == "2bw" else 1
+    return family(schedule).weight_versions
 
 
 def _fix_recompute(

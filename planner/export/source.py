@@ -86,7 +86,7 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
 
 
 def _refuse_schedule(plan: Plan, schedule: Schedule, where: str) -> None:
-    if schedule.name == "2bw" or not schedule.flush:
+    if schedule.weight_versions == 2:
         raise InputError(
             "schedule 2bw (PipeDream-2BW: two weight versions, no flush between iterations) "
             "cannot be expressed in torch.distributed.pipelining, which flushes every step; "

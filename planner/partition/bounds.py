@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from planner.cost import stage_param_bytes, stage_step_ms, stage_tied_parameters, stage_times
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
+from planner.schedule.families import family
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -157,7 +158,7 @@ def search_bound_ms(
         search_bound_ms(profile, topology, stages, "1f1b", 8, 4)
     """
     busy = busy_bound_ms(profile, topology, stages, num_microbatches, microbatch_size)
-    flush = schedule != "2bw"
+    flush = family(schedule).flush
     if flush:
         piped = pipeline_bound_ms(
             profile,

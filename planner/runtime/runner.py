@@ -254,7 +254,7 @@ def prepare_run(
         settings.notes.append(
             "devices shared: several plan devices run in one process (" + "; ".join(shared) + ")"
         )
-    if plan.schedule.name == "2bw" or not plan.schedule.flush:
+    if plan.schedule.weight_versions == 2:
         from planner.runtime.worker import stream_2bw
 
         _, stream = stream_2bw(plan.schedule, plan.stages, plan.num_microbatches, 2)

@@ -249,7 +249,7 @@ def _build_stages(
 
     m = plan.num_microbatches
     local = placement.devices_of(rank)
-    two_bw = schedule.name == "2bw" or not schedule.flush
+    two_bw = schedule.weight_versions == 2
     total = config.warmup + config.steps
     device_actions, stream = schedule.devices, False
     if two_bw and total > 1:
@@ -460,8 +460,9 @@ def _gather(
 
 
 def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, bool]:
-    """2bw without a flush: when the plan's lists are the generator's, run its continuous
-    stream of ``total`` iterations (iteration i+1 starts while i drains), as 2BW does.
+    """A schedule without a flush: when the plan's lists are its generator's, run its
+    continuous stream of ``total`` iterations (iteration i+1 starts while i drains), as 2BW
+    does (:func:`planner.schedule.as_stream`).
 
     Returns ``(device action lists, True)``, or the plan's own lists and False.
 
@@ -469,14 +470,12 @@ def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, boo
 
         actions, stream = stream_2bw(schedule, plan.stages, plan.num_microbatches, 10)
     """
-    from planner.schedule import build_schedule
+    from planner.schedule import as_stream
 
-    def text(devices: Any) -> dict[str, list[str]]:
-        return {d: [str(a) for a in acts] for d, acts in devices.items()}
-
-    if text(build_schedule("2bw", stages, m).devices) != text(schedule.devices):
+    stream = as_stream(schedule, stages, total)
+    if stream is None:
         return schedule.devices, False  # a hand-made order: run it as given, step by step
-    return build_schedule("2bw", stages, m, iterations=total).devices, True
+    return stream.devices, True
 
 
 def _split_stream(

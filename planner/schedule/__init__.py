@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
 from planner.schedule.expand import ComputeOp
+from planner.schedule.families import FAMILIES, Family, family
 from planner.schedule.gpipe import gpipe_order
 from planner.schedule.interleaved import interleaved_order
 from planner.schedule.onef1b import onef1b_order
@@ -28,19 +29,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPUTE",
+    "FAMILIES",
     "SCHEDULES",
+    "Family",
     "Action",
     "ActionType",
     "Schedule",
+    "as_stream",
     "build_schedule",
     "device_groups",
+    "family",
     "in_flight_microbatches",
     "schedule_from_order",
     "validate_order",
     "validate_schedule",
 ]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "2bw", "optimized")
+SCHEDULES = tuple(FAMILIES)  # gpipe, 1f1b, interleaved, zb, 2bw, optimized
 
 
 def device_groups(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
@@ -154,7 +159,7 @@ def build_schedule(
             f"virtual stages are only used by the interleaved schedule, not {name!r}",
             field="virtual_stages",
         )
-    if name != "optimized":
+    if not family(name).searched:
         groups = tuple(tuple(st.devices) for st in stages)
         order = _validated_order(name, m, v, iterations, groups)
         return Schedule(
@@ -162,7 +167,7 @@ def build_schedule(
             p,
             m,
             virtual_stages=v,
-            flush=name != "2bw",
+            flush=family(name).flush,
             iterations=iterations,
             order=order,
             stages=stages,
@@ -179,14 +184,16 @@ def _validated_order(
     """Generate and validate a named order; cached because the solver simulates many
     partitions of the same shape (the order depends only on the devices, not the layers)."""
     p = len(groups)
-    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas).
-    rounds = 1 if name == "2bw" else replica_round([len(g) for g in groups], m)
+    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas);
+    # without a flush one stream runs through every replica.
+    flush = family(name).flush
+    rounds = replica_round([len(g) for g in groups], m) if flush else 1
     if name == "interleaved" and v > 1 and (m // rounds) % (p // v):
         rounds = 1
     if name == "interleaved":
         base = onef1b_order(p, m // rounds) if v == 1 else interleaved_order(p // v, v, m // rounds)
         order = per_replica_order(base, rounds)
-    elif name == "2bw":
+    elif not flush:  # 2bw: the 1F1B order as one continuous stream of iterations
         order = onef1b_order(p, m, iterations=iterations)
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
@@ -236,10 +243,10 @@ def in_flight_microbatches(
         in_flight_microbatches("1f1b", 4, 0, 8, rounds=2)   # 8: 4 on each of 2 replicas
     """
     p, s, m = num_stages, stage_index, num_microbatches
-    if name == "2bw":
+    if not family(name).flush:
         # No flush: the next iteration's microbatches keep the pipeline full.
         return p - s
-    if name == "optimized":
+    if family(name).searched:
         return min(p - s, m)
     r = rounds if rounds > 1 and m % rounds == 0 else 1
     if name == "interleaved" and virtual_stages > 1 and (m // r) % p:
@@ -259,3 +266,31 @@ def in_flight_microbatches(
     raise InputError(
         f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
     )
+
+
+def as_stream(schedule: Schedule, stages: Sequence[StageSpec], iterations: int) -> Schedule | None:
+    """A schedule without a flush, as the continuous stream of ``iterations`` iterations its
+    generator makes (iteration i + 1 starts while i drains); None for a flushing schedule,
+    one that already lists several iterations, or lists that are not the generator's (a
+    hand-made order runs, and is timed, as given, one iteration at a time).
+
+    Example::
+
+        stream = as_stream(plan.schedule, plan.stages, 10)   # 2bw: 10 overlapping iterations
+    """
+    if schedule.flush or schedule.iterations != 1 or schedule.name not in FAMILIES:
+        return None
+    if family(schedule.name).searched:
+        return None
+    again = build_schedule(schedule.name, stages, schedule.num_microbatches)
+    if schedule.order is not None:
+        same = schedule.order == again.order
+    else:
+        same = _lists(schedule) == _lists(again)
+    if not same:
+        return None
+    return build_schedule(schedule.name, stages, schedule.num_microbatches, iterations=iterations)
+
+
+def _lists(schedule: Schedule) -> dict[str, list[str]]:
+    return {d: [str(a) for a in acts] for d, acts in schedule.devices.items()}

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from planner.schedule.actions import Action, ActionType
+from planner.schedule.action import Action, ActionType
 
 if TYPE_CHECKING:
     from planner.stages import StageSpec

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.profile.schema import Profile, as_profile
-from planner.schedule import ActionType, Schedule, build_schedule, validate_schedule
+from planner.schedule import Schedule, as_stream, build_schedule, family, validate_schedule
 from planner.simulate.bounds import lower_bound_ms
 from planner.simulate.result import SimResult, bubble
 from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
@@ -103,7 +103,7 @@ def simulate(
         sched.num_microbatches,
         mbs,
         flush=sched.flush,
-        split_backward=_uses_split(sched),
+        split_backward=sched.splits_backward,
         step_ms=step_ms,
     )
     if not sched.flush:
@@ -131,7 +131,7 @@ def _build(
     step_ms: float | Sequence[float] | None,
 ) -> Schedule:
     """The named schedule (the optimized one searches by simulating)."""
-    if name != "optimized":
+    if not family(name).searched:
         return build_schedule(name, stages, num_microbatches, virtual_stages=virtual_stages)
     return build_schedule(
         name,
@@ -158,8 +158,8 @@ def _time(
 ) -> SimResult:
     """Time ``sched``; a no-flush schedule as the average iteration of a stream of
     :data:`STREAM_ITERATIONS` (one fill and drain), whose events show the whole stream."""
-    stream = not sched.flush and sched.name == "2bw" and sched.iterations == 1
-    if not stream:
+    timed = as_stream(sched, stages, STREAM_ITERATIONS)
+    if timed is None:
         return simulate_schedule(
             profile,
             topology,
@@ -170,7 +170,6 @@ def _time(
             events=events,
             engine=engine,
         )
-    timed = build_schedule("2bw", stages, sched.num_microbatches, iterations=STREAM_ITERATIONS)
     result = simulate_schedule(
         profile,
         topology,
@@ -187,10 +186,3 @@ def _time(
     result.bubble_fraction = bubble(result.busy_ms, result.iteration_ms)
     result.schedule = sched
     return result
-
-
-def _uses_split(schedule: Schedule) -> bool:
-    """Whether the schedule runs backwards as separate I and W actions."""
-    if schedule.order is not None:
-        return any(op[0] == "I" for ops in schedule.order.values() for op in ops)
-    return any(a.kind is ActionType.I for acts in schedule.devices.values() for a in acts)

@@ -85,7 +85,7 @@ def devices_of(schedule: Schedule, stages: Sequence[StageSpec]) -> list[str]:
 
         devices_of(build_schedule("1f1b", stages, 8), stages)    # ['gpu0', 'gpu1']
     """
-    if schedule.order is not None and schedule._devices is None:
+    if schedule.order is not None and not schedule.is_expanded:
         return list(dict.fromkeys(d for st in stages for d in st.devices))
     return list(schedule.devices)
 
@@ -122,7 +122,7 @@ def compile_programs(
 
         compile_programs(build_schedule("gpipe", stages, 4), stages, ["a", "b"], 4)
     """
-    if schedule.order is not None and schedule._devices is None:
+    if schedule.order is not None and not schedule.is_expanded:
         return _compile_order(schedule, stages, devices, total_mb)
     return _compile_actions(schedule, devices, total_mb)
 

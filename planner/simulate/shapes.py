@@ -98,7 +98,7 @@ class ShapeCache:
         self, schedule: Schedule, stages: Sequence[StageSpec], devices: list[str], total_mb: int
     ) -> CompiledShape:
         """The compiled shape of ``schedule`` on ``devices``, from the cache if there."""
-        if schedule.order is None or schedule._devices is not None:
+        if schedule.order is None or schedule.is_expanded:
             return CompiledShape(compile_programs(schedule, stages, devices, total_mb))
         key = (
             id(schedule.order),
