@@ -116,6 +116,213 @@ def solve_ilp(
         )
 
 
+@dataclass
+class _Coefficients:
+    """Per-layer and per-link numbers of one problem (what the constraints are made of)."""
+
+    n: int
+    names: list[str]
+    dev: list[Any]  # the Device of each name
+    m: int
+    in_flight: Sequence[int]
+    work: list[float]  # forward + backward
+    fwd: list[float]
+    static: list[float]  # weights (and a second version), gradients, optimizer state
+    saved: list[float]
+    wsp: list[float]  # workspace
+    cut: list[float]  # bytes crossing the cut after the layer
+    inputs: list[float]  # bytes entering the layer
+    link: dict[tuple[int, int], Any]  # transfer cost between device indices
+    max_speed: float
+    max_cut: float
+    cheapest_lat: float
+    cheapest_mpb: float
+    max_act: float  # a valid big-M for activation memory
+
+
+def _coefficients(
+    costs: LayerCosts,
+    topology: Topology,
+    names: list[str],
+    in_flight: Sequence[int],
+    m: int,
+    weight_versions: int,
+) -> _Coefficients:
+    n = costs.num_layers
+    layers = range(n)
+    dids = range(len(names))
+    dev = [topology.device(x) for x in names]
+    saved = [costs.saved[i + 1] - costs.saved[i] for i in layers]
+    inputs = [float(costs.input_bytes[i]) for i in layers]
+    cut = [float(costs.cut_bytes[i]) for i in layers]
+    link = {(a, b): transfer_cost(topology, names[a], names[b]) for a in dids for b in dids}
+    return _Coefficients(
+        n=n,
+        names=names,
+        dev=dev,
+        m=m,
+        in_flight=in_flight,
+        work=[
+            (costs.fwd[i + 1] - costs.fwd[i]) + (costs.bwd[i + 1] - costs.bwd[i]) for i in layers
+        ],
+        fwd=[costs.fwd[i + 1] - costs.fwd[i] for i in layers],
+        static=[
+            (costs.static[i + 1] - costs.static[i])
+            + (weight_versions - 1) * (costs.params[i + 1] - costs.params[i])
+            for i in layers
+        ],
+        saved=saved,
+        wsp=[float(costs.workspace[i, i]) for i in layers],
+        cut=cut,
+        inputs=inputs,
+        link=link,
+        max_speed=max(d.speed for d in dev),
+        max_cut=max(cut) if cut else 0.0,
+        cheapest_lat=min((c.latency_ms for (a, b), c in link.items() if a != b), default=0.0),
+        cheapest_mpb=min((c.ms_per_byte for (a, b), c in link.items() if a != b), default=0.0),
+        max_act=max(in_flight, default=1) * (sum(saved) + max(inputs)) + sum(saved) + 1.0,
+    )
+
+
+@dataclass
+class _Variables:
+    """The model's variables: ``u[i, s]`` layer i is in stage s or earlier, ``y[s, d]``
+    stage s on device d, ``rc[s]`` recompute; per-stage time, transfer, activation memory
+    and workspace; the bottleneck."""
+
+    u: dict[tuple[int, int], Any]
+    y: dict[tuple[int, int], Any]
+    rc: dict[int, Any]
+    t: dict[int, Any]
+    c: dict[int, Any]
+    act: dict[int, Any]
+    wmax: dict[int, Any]
+    bott: Any
+
+    def x(self, i: int, s: int) -> Any:  # layer i is in stage s
+        return self.u[i, s] - (self.u[i, s - 1] if s > 0 else 0)
+
+    def end(self, i: int, s: int) -> Any:  # stage s ends at layer i (s < S - 1, i < L - 1)
+        return self.u[i, s] - self.u[i + 1, s]
+
+    def start(self, i: int, s: int) -> Any:  # stage s starts at layer i
+        if s == 0:
+            return 1 if i == 0 else 0
+        return self.end(i - 1, s - 1) if i > 0 else 0
+
+
+def _variables(pulp: Any, n: int, s_count: int, d_count: int) -> _Variables:
+    layers, stages, dids = range(n), range(s_count), range(d_count)
+    return _Variables(
+        u={(i, s): pulp.LpVariable(f"u_{i}_{s}", cat="Binary") for i in layers for s in stages},
+        y={(s, d): pulp.LpVariable(f"y_{s}_{d}", cat="Binary") for s in stages for d in dids},
+        rc={s: pulp.LpVariable(f"rc_{s}", cat="Binary") for s in stages},
+        t={s: pulp.LpVariable(f"t_{s}", lowBound=0) for s in stages},
+        c={s: pulp.LpVariable(f"c_{s}", lowBound=0) for s in stages},
+        act={s: pulp.LpVariable(f"a_{s}", lowBound=0) for s in stages},
+        wmax={s: pulp.LpVariable(f"w_{s}", lowBound=0) for s in stages},
+        bott=pulp.LpVariable("B", lowBound=0),
+    )
+
+
+def _stage_constraints(
+    pulp: Any, prob: Any, v: _Variables, k: _Coefficients, s: int, s_count: int
+) -> None:
+    """Stage ``s``: contiguous layers, one device, its time, memory and outgoing transfer."""
+    n, layers, dids = k.n, range(k.n), range(len(k.names))
+    prob += v.u[n - 1, s] == (1 if s == s_count - 1 else 0)
+    for i in range(n - 1):
+        prob += v.u[i, s] >= v.u[i + 1, s]
+    if s > 0:
+        for i in layers:
+            prob += v.u[i, s] >= v.u[i, s - 1]
+    prob += pulp.lpSum(v.x(i, s) for i in layers) >= 1
+    prob += pulp.lpSum(v.y[s, d] for d in dids) == 1
+    load = pulp.lpSum(k.work[i] * v.x(i, s) for i in layers)
+    redo = pulp.lpSum(k.fwd[i] * v.x(i, s) for i in layers)
+    for d in dids:
+        sp = k.dev[d].speed
+        # Big-M as small as valid (the most the stage could cost on this device) keeps
+        # the LP relaxation, and so CBC's bound, tight.
+        big = (sum(k.work) + sum(k.fwd)) / sp
+        prob += v.t[s] >= load * (1.0 / sp) - big * (1 - v.y[s, d])
+        prob += v.t[s] >= (load + redo) * (1.0 / sp) - big * (2 - v.y[s, d] - v.rc[s])
+    prob += v.t[s] >= load * (1.0 / k.max_speed)  # valid whatever the device
+    # Activation memory: all in-flight microbatches' saved tensors, or with recompute
+    # their stage inputs plus one microbatch rebuilt during its backward.
+    held = pulp.lpSum(k.saved[i] * v.x(i, s) for i in layers)
+    stage_in = pulp.lpSum(k.inputs[i] * v.start(i, s) for i in layers)
+    prob += v.act[s] >= k.in_flight[s] * held - k.max_act * v.rc[s]
+    one = held if k.in_flight[s] > 0 else 0
+    prob += v.act[s] >= k.in_flight[s] * stage_in + one - k.max_act * (1 - v.rc[s])
+    for i in layers:
+        prob += v.wmax[s] >= k.wsp[i] * v.x(i, s)
+    prob += pulp.lpSum(k.static[i] * v.x(i, s) for i in layers) + v.act[s] + v.wmax[
+        s
+    ] <= pulp.lpSum(float(k.dev[d].memory_bytes) * v.y[s, d] for d in dids)
+    if s < s_count - 1:
+        sent = pulp.lpSum(k.cut[i] * v.end(i, s) for i in range(n - 1))
+        for a in dids:
+            for b in dids:
+                if a == b:
+                    continue
+                lc = k.link[a, b]
+                big = lc.latency_ms + lc.ms_per_byte * k.max_cut
+                prob += v.c[s] >= lc.latency_ms + lc.ms_per_byte * sent - big * (
+                    2 - v.y[s, a] - v.y[s + 1, b]
+                )
+        prob += v.c[s] >= k.cheapest_lat + k.cheapest_mpb * sent
+    else:
+        prob += v.c[s] == 0
+    prob += v.bott >= v.t[s] + v.c[s]
+
+
+def _global_constraints(
+    pulp: Any, prob: Any, v: _Variables, k: _Coefficients, s_count: int, topology: Topology
+) -> list[list[int]]:
+    """Bounds on the bottleneck, one stage per device, and symmetry breaking; returns the
+    classes of interchangeable devices."""
+    stages, dids = range(s_count), range(len(k.names))
+    prob += s_count * v.bott >= pulp.lpSum(v.t[s] + v.c[s] for s in stages)  # max >= mean
+    # The S stages together run at most at the S fastest devices' combined speed.
+    fastest = sum(sorted((d.speed for d in k.dev), reverse=True)[:s_count])
+    prob += v.bott >= sum(k.work) / fastest
+    for d in dids:
+        prob += pulp.lpSum(v.y[s, d] for s in stages) <= 1
+    # Symmetry breaking: interchangeable devices (same speed, memory and links to all
+    # others) are used in order, the earlier one by the earlier stage. Any plan can be
+    # permuted into this form at the same cost, so CBC need not explore the copies.
+    classes = _interchangeable(topology, k.names)
+    for cls in classes:
+        for d1, d2 in zip(cls, cls[1:], strict=False):
+            used1 = pulp.lpSum(v.y[s, d1] for s in stages)
+            used2 = pulp.lpSum(v.y[s, d2] for s in stages)
+            prob += used1 >= used2
+            prob += pulp.lpSum(s * v.y[s, d1] for s in stages) <= pulp.lpSum(
+                s * v.y[s, d2] for s in stages
+            ) + s_count * (1 - used2)
+    return classes
+
+
+def _run_cbc(pulp: Any, prob: Any, time_limit: float, warm: bool) -> str:
+    """Solve with CBC (one thread, the time limit); returns CBC's log."""
+    fd, log_path = tempfile.mkstemp(prefix="pipeplan-cbc-", suffix=".log")
+    os.close(fd)
+    try:
+        solver = pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=max(0.1, float(time_limit)),
+            warmStart=warm,
+            threads=1,
+            logPath=log_path,
+        )
+        prob.solve(solver)
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    finally:
+        os.unlink(log_path)
+
+
 def _solve(
     costs: LayerCosts,
     topology: Topology,
@@ -133,145 +340,27 @@ def _solve(
     start_clock = time.perf_counter()
     n = costs.num_layers
     names = list(devices) if devices is not None else topology.device_names()
-    dev = [topology.device(x) for x in names]
     s_count = num_stages
     if s_count < 1 or s_count > n or s_count > len(names):
         return IlpResult(None, None, None, None, None, "Infeasible", None, 0.0)
-    m = num_microbatches
-    layers = range(n)
-    stages = range(s_count)
-    dids = range(len(names))
-    work = [(costs.fwd[i + 1] - costs.fwd[i]) + (costs.bwd[i + 1] - costs.bwd[i]) for i in layers]
-    fwd = [costs.fwd[i + 1] - costs.fwd[i] for i in layers]
-    static = [
-        (costs.static[i + 1] - costs.static[i])
-        + (weight_versions - 1) * (costs.params[i + 1] - costs.params[i])
-        for i in layers
-    ]
-    saved = [costs.saved[i + 1] - costs.saved[i] for i in layers]
-    wsp = [float(costs.workspace[i, i]) for i in layers]
-    cut = [float(costs.cut_bytes[i]) for i in layers]
-    inputs = [float(costs.input_bytes[i]) for i in layers]
-    link = {(a, b): transfer_cost(topology, names[a], names[b]) for a in dids for b in dids}
-    max_speed = max(d.speed for d in dev)
-    max_cut = max(cut) if cut else 0.0
-    cheapest_lat = min((c.latency_ms for (a, b), c in link.items() if a != b), default=0.0)
-    cheapest_mpb = min((c.ms_per_byte for (a, b), c in link.items() if a != b), default=0.0)
-    max_act = max(in_flight, default=1) * (sum(saved) + max(inputs)) + sum(saved) + 1.0
-
+    k = _coefficients(costs, topology, names, in_flight, num_microbatches, weight_versions)
     prob = pulp.LpProblem("pipeplan_partition_mapping", pulp.LpMinimize)
-    u = {(i, s): pulp.LpVariable(f"u_{i}_{s}", cat="Binary") for i in layers for s in stages}
-    y = {(s, d): pulp.LpVariable(f"y_{s}_{d}", cat="Binary") for s in stages for d in dids}
-    rc = {s: pulp.LpVariable(f"rc_{s}", cat="Binary") for s in stages}
-    t = {s: pulp.LpVariable(f"t_{s}", lowBound=0) for s in stages}
-    c = {s: pulp.LpVariable(f"c_{s}", lowBound=0) for s in stages}
-    act = {s: pulp.LpVariable(f"a_{s}", lowBound=0) for s in stages}
-    wmax = {s: pulp.LpVariable(f"w_{s}", lowBound=0) for s in stages}
-    bott = pulp.LpVariable("B", lowBound=0)
-
-    def x(i: int, s: int) -> Any:
-        return u[i, s] - (u[i, s - 1] if s > 0 else 0)
-
-    def end(i: int, s: int) -> Any:  # stage s ends at layer i (s < S - 1, i < L - 1)
-        return u[i, s] - u[i + 1, s]
-
-    def start(i: int, s: int) -> Any:
-        if s == 0:
-            return 1 if i == 0 else 0
-        return end(i - 1, s - 1) if i > 0 else 0
-
-    prob += (m - 1) * bott + pulp.lpSum(t[s] + c[s] for s in stages)
-    for s in stages:
-        prob += u[n - 1, s] == (1 if s == s_count - 1 else 0)
-        for i in range(n - 1):
-            prob += u[i, s] >= u[i + 1, s]
-        if s > 0:
-            for i in layers:
-                prob += u[i, s] >= u[i, s - 1]
-        prob += pulp.lpSum(x(i, s) for i in layers) >= 1
-        prob += pulp.lpSum(y[s, d] for d in dids) == 1
-        load = pulp.lpSum(work[i] * x(i, s) for i in layers)
-        redo = pulp.lpSum(fwd[i] * x(i, s) for i in layers)
-        for d in dids:
-            sp = dev[d].speed
-            # Big-M as small as valid (the most the stage could cost on this device) keeps
-            # the LP relaxation, and so CBC's bound, tight.
-            big = (sum(work) + sum(fwd)) / sp
-            prob += t[s] >= load * (1.0 / sp) - big * (1 - y[s, d])
-            prob += t[s] >= (load + redo) * (1.0 / sp) - big * (2 - y[s, d] - rc[s])
-        prob += t[s] >= load * (1.0 / max_speed)  # valid whatever the device
-        # Activation memory: all in-flight microbatches' saved tensors, or with recompute
-        # their stage inputs plus one microbatch rebuilt during its backward.
-        held = pulp.lpSum(saved[i] * x(i, s) for i in layers)
-        stage_in = pulp.lpSum(inputs[i] * start(i, s) for i in layers)
-        prob += act[s] >= in_flight[s] * held - max_act * rc[s]
-        one = held if in_flight[s] > 0 else 0
-        prob += act[s] >= in_flight[s] * stage_in + one - max_act * (1 - rc[s])
-        for i in layers:
-            prob += wmax[s] >= wsp[i] * x(i, s)
-        prob += pulp.lpSum(static[i] * x(i, s) for i in layers) + act[s] + wmax[s] <= pulp.lpSum(
-            float(dev[d].memory_bytes) * y[s, d] for d in dids
-        )
-        if s < s_count - 1:
-            sent = pulp.lpSum(cut[i] * end(i, s) for i in range(n - 1))
-            for a in dids:
-                for b in dids:
-                    if a == b:
-                        continue
-                    lc = link[a, b]
-                    big = lc.latency_ms + lc.ms_per_byte * max_cut
-                    prob += c[s] >= lc.latency_ms + lc.ms_per_byte * sent - big * (
-                        2 - y[s, a] - y[s + 1, b]
-                    )
-            prob += c[s] >= cheapest_lat + cheapest_mpb * sent
-        else:
-            prob += c[s] == 0
-        prob += bott >= t[s] + c[s]
-    prob += s_count * bott >= pulp.lpSum(t[s] + c[s] for s in stages)  # max >= mean
-    # The S stages together run at most at the S fastest devices' combined speed.
-    fastest = sum(sorted((d.speed for d in dev), reverse=True)[:s_count])
-    prob += bott >= sum(work) / fastest
-    for d in dids:
-        prob += pulp.lpSum(y[s, d] for s in stages) <= 1
-    # Symmetry breaking: interchangeable devices (same speed, memory and links to all
-    # others) are used in order, the earlier one by the earlier stage. Any plan can be
-    # permuted into this form at the same cost, so CBC need not explore the copies.
-    classes = _interchangeable(topology, names)
-    for cls in classes:
-        for d1, d2 in zip(cls, cls[1:], strict=False):
-            used1 = pulp.lpSum(y[s, d1] for s in stages)
-            used2 = pulp.lpSum(y[s, d2] for s in stages)
-            prob += used1 >= used2
-            prob += pulp.lpSum(s * y[s, d1] for s in stages) <= pulp.lpSum(
-                s * y[s, d2] for s in stages
-            ) + s_count * (1 - used2)
-
+    v = _variables(pulp, n, s_count, len(names))
+    prob += (k.m - 1) * v.bott + pulp.lpSum(v.t[s] + v.c[s] for s in range(s_count))
+    for s in range(s_count):
+        _stage_constraints(pulp, prob, v, k, s, s_count)
+    classes = _global_constraints(pulp, prob, v, k, s_count, topology)
     if warm_start is not None:
         ranges, warm_devs, flags = warm_start
         warm_start = (ranges, _canonical(list(warm_devs), classes, names), flags)
-        _apply_warm_start(warm_start, names, u, y, rc, n, s_count)
-
-    fd, log_path = tempfile.mkstemp(prefix="pipeplan-cbc-", suffix=".log")
-    os.close(fd)
-    try:
-        solver = pulp.PULP_CBC_CMD(
-            msg=False,
-            timeLimit=max(0.1, float(time_limit)),
-            warmStart=warm_start is not None,
-            threads=1,
-            logPath=log_path,
-        )
-        prob.solve(solver)
-        with open(log_path, encoding="utf-8", errors="replace") as handle:
-            log = handle.read()
-    finally:
-        os.unlink(log_path)
+        _apply_warm_start(warm_start, names, v.u, v.y, v.rc, n, s_count)
+    log = _run_cbc(pulp, prob, time_limit, warm_start is not None)
     seconds = time.perf_counter() - start_clock
     status = pulp.LpStatus[prob.status]
     has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if not has_solution:
         return IlpResult(None, None, None, None, None, status, None, seconds)
-    ranges, chosen, flags = _read_solution(u, y, rc, names, n, s_count)
+    ranges, chosen, flags = _read_solution(v.u, v.y, v.rc, names, n, s_count)
     objective = float(pulp.value(prob.objective))
     _, bound = _parse_cbc_log(log)
     if prob.sol_status == pulp.LpSolutionOptimal:
