@@ -340,7 +340,6 @@ def simulate_command(
     Example: pipeplan simulate --plan plan.json --schedule zb
     """
     from planner.fileio import check_output_path
-    from planner.plan import FileRef, plan_from_simulation
     from planner.simulate import simulate
 
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
@@ -357,18 +356,24 @@ def simulate_command(
     )  # fmt: skip
     if step_ms is not None:  # show re-simulates with the same override
         result.schedule.meta["step_ms"] = step_ms
-    files = [str(output)] if output is not None else []
-    if output is not None:
-        topo_path = got.topology_path
-        plan_from_simulation(
-            result,
-            specs,
-            profile=FileRef.of_file(str(got.profile_path)),
-            topology=FileRef(None) if topo_path is None else FileRef.of_file(topo_path),
-        ).save(output)
+    files = [] if output is None else [str(_save_plan(result, got, output))]
     _emit(
         result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt
     )
+
+
+def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
+    """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256."""
+    from planner.plan import FileRef, plan_from_simulation
+
+    topo = got.topology_path
+    plan_from_simulation(
+        result,
+        got.stages,
+        profile=FileRef.of_file(str(got.profile_path)),
+        topology=FileRef(None) if topo is None else FileRef.of_file(topo),
+    ).save(output)
+    return output
 
 
 def _emit(
