@@ -60,7 +60,6 @@ __all__ = [
     "four_stages",
     "main",
     "render_markdown",
-    "shared_prediction",
 ]
 
 
@@ -103,31 +102,6 @@ def compare_profiles(a: Any, b: Any) -> dict[str, Any]:
     }
 
 
-def shared_prediction(result: Any) -> tuple[float, int]:
-    """A plan's step and memory when all its plan devices share one GPU: the GPU runs
-    their work one action after another (the sum of every simulated F/B/I/W and each
-    stage's STEP, once: local replicas step once), and holds every device's memory at once
-    (the peak over time of the simulated levels added up).
-
-    Example::
-
-        ms, nbytes = shared_prediction(simulate(profile, None, stages, "1f1b", 4, 8))
-    """
-    compute = sum(e.end_ms - e.start_ms for e in result.events if e.kind in "FBIW")
-    by_time: dict[float, list[tuple[str, int]]] = {}
-    for dev, curve in result.memory_timeline.items():
-        for t, level in curve:
-            by_time.setdefault(t, []).append((dev, level))
-    levels = dict.fromkeys(result.memory_timeline, 0)
-    peak = 0
-    for t in sorted(by_time):
-        # The changes of one instant together (each device's last one holds from there).
-        for dev, level in by_time[t]:
-            levels[dev] = level
-        peak = max(peak, sum(levels.values()))
-    return compute + sum(result.step_ms), peak
-
-
 def _plan(profile_path: Path, text: str, mbs: int) -> Any:
     """The plan of ``text`` (1F1B, ``MICROBATCHES``) with its prediction filled in."""
     import dataclasses
@@ -136,13 +110,14 @@ def _plan(profile_path: Path, text: str, mbs: int) -> Any:
     from planner.profile.schema import load_profile
     from planner.schedule import build_schedule
     from planner.simulate import simulate
+    from planner.simulate.one_device import one_device_prediction
 
     stages = parse_stages(text)
     schedule = build_schedule("1f1b", stages, MICROBATCHES)
     result = simulate(load_profile(profile_path), None, stages, schedule, MICROBATCHES, mbs)
     predicted = Prediction.from_result(result)
     if len(stages) > 1:
-        ms, nbytes = shared_prediction(result)
+        ms, nbytes = one_device_prediction(result)
         note = "all plan devices on one GPU: work serialised, memory added up"
         predicted = dataclasses.replace(
             predicted, iteration_ms=ms, memory_bytes={"gpu0": nbytes}, extra={"note": note}

@@ -21,12 +21,12 @@ from bench.gpu import (  # noqa: E402
     four_stages,
     main,
     render_markdown,
-    shared_prediction,
 )
 from bench.suite import GPU_BEGIN, GPU_END, replace_section, run_gpu  # noqa: E402
 from planner.cost import synthetic_profile  # noqa: E402
 from planner.plan import parse_stages  # noqa: E402
 from planner.simulate import simulate  # noqa: E402
+from planner.simulate.one_device import one_device_prediction  # noqa: E402
 
 
 def test_without_cuda_it_skips_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,7 +57,7 @@ def test_a_plan_on_one_shared_gpu_runs_its_work_one_after_another() -> None:
         4, forward_ms=1.0, backward_input_ms=1.0, backward_weight_ms=1.0, optimizer_ms=0.5
     )
     result = simulate(prof, None, parse_stages("0-1:a;2-3:b"), "1f1b", 3, 1)
-    ms, nbytes = shared_prediction(result)
+    ms, nbytes = one_device_prediction(result)
     # 2 stages x 3 microbatches x (F 2 ms + B 4 ms) + 2 steps of 2 x 0.5 ms.
     assert ms == pytest.approx(2 * 3 * 6 + 2 * 1.0)
     assert result.iteration_ms < ms
@@ -152,3 +152,45 @@ def test_render_only_writes_the_section_from_the_results_at_hand(tmp_path: Path)
     assert GPU_BEGIN in text and "NVIDIA H200" in text and "2026-12-01 10:00 UTC" in text
     missing = tmp_path / "nothing"
     assert run_gpu(quick=False, out=None, docs=docs, root=missing, render_only=True) == 1
+
+
+def test_run_predicts_a_plan_on_one_shared_gpu_as_it_runs_there() -> None:
+    """``run`` on one GPU with several plan devices replaces the plan's prediction (a GPU per
+    plan device) by the one-GPU one; other placements keep it."""
+    from types import SimpleNamespace
+
+    from planner.plan import FileRef, Plan, Prediction
+    from planner.runtime.report import RunReport
+    from planner.runtime.runner import _predict_one_gpu
+    from planner.schedule import build_schedule
+
+    prof = synthetic_profile(4, optimizer_ms=0.5)
+    stages = parse_stages("0-1:a;2-3:b")
+    result = simulate(prof, None, stages, "1f1b", 3, 1)
+    plan = Plan(
+        FileRef("<memory>", ""), FileRef(None), 1, 3, stages,
+        build_schedule("1f1b", stages, 3), Prediction.from_result(result),
+    )  # fmt: skip
+
+    def report() -> RunReport:
+        return RunReport(
+            schedule="1f1b", device="cuda", backend="nccl", world_size=1, shared=True,
+            placement={"a": "rank 0", "b": "rank 0"}, steps=1, warmup=0, microbatch_size=1,
+            num_microbatches=3, iteration_ms=40.0, step_ms=[40.0],
+            predicted_iteration_ms=result.iteration_ms, losses=[1.0],
+            peak_memory_bytes={"a": 1, "b": 1}, memory_kind="cuda_max_allocated",
+            stage_ms={}, predicted_memory_bytes=dict(result.memory_bytes),
+        )  # fmt: skip
+
+    one_gpu = report()
+    _predict_one_gpu(one_gpu, prof, plan, SimpleNamespace(device_type="cuda", world_size=1))
+    ms, nbytes = one_device_prediction(result)
+    assert one_gpu.predicted_iteration_ms == pytest.approx(ms) and ms > result.iteration_ms
+    assert one_gpu.predicted_memory_bytes == {"a": nbytes, "b": nbytes}
+    assert any("share one GPU" in n for n in one_gpu.notes)
+    for placement in (("cuda", 2), ("cpu", 1)):
+        kept = report()
+        _predict_one_gpu(
+            kept, prof, plan, SimpleNamespace(device_type=placement[0], world_size=placement[1])
+        )
+        assert kept.predicted_iteration_ms == result.iteration_ms and not kept.notes

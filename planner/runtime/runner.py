@@ -33,6 +33,7 @@ from planner.runtime.report import RunReport, build_report, explain_gap
 from planner.runtime.settings import RunSettings, WorkerConfig
 
 if TYPE_CHECKING:
+    from planner.profile.schema import Profile
     from planner.runtime.placement import Placement
     from planner.schedule.actions import Schedule
 
@@ -384,8 +385,35 @@ def run_plan(
         shutil.rmtree(run_dir, ignore_errors=True)
     report.profile_path = settings.profile_path
     if settings.profile is not None:
+        _predict_one_gpu(report, settings.profile, plan, placement)
         explain_gap(report, settings.profile, plan)
     return report
+
+
+def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement: Placement) -> None:
+    """Shared mode with every plan device on one GPU: the plan's prediction gave each plan
+    device a GPU of its own; predict it as it runs here instead, the devices' work one after
+    another and their memory added up (:mod:`planner.simulate.one_device`)."""
+    if placement.device_type != "cuda" or placement.world_size != 1:
+        return
+    if len({d for st in plan.stages for d in st.devices}) < 2:
+        return
+    from planner.simulate import simulate
+    from planner.simulate.one_device import one_device_prediction
+
+    result = simulate(
+        profile, None, plan.stages, plan.schedule, plan.num_microbatches, plan.microbatch_size
+    )
+    ms, nbytes = one_device_prediction(result)
+    report.predicted_iteration_ms = ms
+    report.predicted_memory_bytes = dict.fromkeys(
+        report.predicted_memory_bytes or report.placement, nbytes
+    )
+    report.notes.append(
+        "all plan devices share one GPU: predicted with their work one action after another "
+        f"and their memory added up ({ms:.2f} ms, {nbytes / 2**30:.2f} GiB), not the plan's "
+        "one-GPU-per-device prediction"
+    )
 
 
 def run_this_rank(
