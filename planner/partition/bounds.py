@@ -8,19 +8,22 @@ stage's gradients, tied ones excluded), after its compute for that stage and bef
 
     its microbatches' forward + backward + its stages' all-reduces + its stages' steps,
 
-which is :func:`busy_bound_ms`. In a pipeline a device of stage ``k`` also cannot start
-before the first microbatch has gone forward through stages ``0 .. k-1``, and after its
+which is :func:`busy_bound_ms`. In a pipeline a device also cannot start before the first
+microbatch has gone forward through the stages before its lowest stage ``k``, and after its
 last backward that microbatch's gradient still goes back through them
 (:func:`pipeline_bound_ms`):
 
-    head_k + its compute + max(tail_k, its all-reduce + step)
+    head_k + its compute + max(tail_k, all-reduce + step)
 
 with ``head_k`` (``tail_k``) the fastest replica's forward (backward, or its input half
-under zero-bubble) of each earlier stage. For equal stages under 1F1B that is exactly
-``(m + p - 1)(f + b)``. The searches visit candidates in the order of the largest of these
-and the simulator's own bound, and stop simulating once it cannot beat the best time
-found: with the all-reduce and the fill and drain left out, almost every candidate would
-get through.
+under zero-bubble) of each stage before ``k``. For equal stages under 1F1B that is exactly
+``(m + p - 1)(f + b)``. A device holding several stages (interleaved) is bounded the same
+way from its lowest stage: whichever backward it runs last (of a stage ``c >= k``), the
+gradient still has stages ``c - 1 .. 0`` ahead of it, so for ``p`` equal devices of ``v``
+equal chunks the bound is ``(m + (p - 1) / v)(f + b)``, the interleaved schedule's ideal.
+The searches visit candidates in the order of the largest of these and the simulator's own
+bound, and stop simulating once it cannot beat the best time found: with the all-reduce
+and the fill and drain left out, almost every candidate would get through.
 
 Example::
 
@@ -31,9 +34,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.cost import stage_param_bytes, stage_step_ms, stage_tied_parameters, stage_times
+from planner.cost import (
+    StageTimes,
+    stage_param_bytes,
+    stage_step_ms,
+    stage_tied_parameters,
+    stage_times,
+)
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
 
@@ -41,6 +51,48 @@ if TYPE_CHECKING:
     from planner.topology import Topology
 
 __all__ = ["busy_bound_ms", "pipeline_bound_ms", "search_bound_ms"]
+
+
+@dataclass(frozen=True)
+class _Share:
+    """What one device of a stage does in an iteration: ``count`` microbatches of
+    ``times`` each, then the stage's all-reduce (``reduce_ms``) and its step."""
+
+    device: str
+    count: int
+    times: StageTimes
+    reduce_ms: float
+    step_ms: float
+
+
+def _shares(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    num_microbatches: int,
+    microbatch_size: int,
+) -> list[list[_Share]]:
+    """Per stage, per device in its order: its share of the iteration (microbatch ``k``
+    of a stage with ``r`` replicas runs on replica ``k % r``). Replicas of one speed share
+    one :func:`~planner.cost.stage_times`."""
+    out = []
+    for st in stages:
+        r = len(st.devices)
+        reduce_ms = _allreduce_ms(profile, topology, st)
+        by_speed: dict[float, tuple[StageTimes, float]] = {}
+        row = []
+        for j, dev in enumerate(st.devices):
+            speed = topology.device(dev).speed if topology is not None else 1.0
+            hit = by_speed.get(speed)
+            if hit is None:
+                t = stage_times(
+                    profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
+                )
+                hit = by_speed[speed] = (t, stage_step_ms(profile, st.first, st.last, speed=speed))
+            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+            row.append(_Share(dev, count, hit[0], reduce_ms, hit[1]))
+        out.append(row)
+    return out
 
 
 def busy_bound_ms(
@@ -59,19 +111,16 @@ def busy_bound_ms(
 
         busy_bound_ms(profile, topology, parse_stages("0-3:gpu0,gpu1;4-7:gpu2"), 8, 4)
     """
+    return _busy(_shares(profile, topology, stages, num_microbatches, microbatch_size))
+
+
+def _busy(shares: Sequence[Sequence[_Share]]) -> float:
     busy: dict[str, float] = {}
-    for st in stages:
-        r = len(st.devices)
-        reduce_ms = _allreduce_ms(profile, topology, st)
-        for j, dev in enumerate(st.devices):
-            speed = topology.device(dev).speed if topology is not None else 1.0
-            t = stage_times(
-                profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
-            )
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
-            step = stage_step_ms(profile, st.first, st.last, speed=speed)
-            busy[dev] = busy.get(dev, 0.0) + count * (t.forward_ms + t.backward_ms)
-            busy[dev] += reduce_ms + step
+    for row in shares:
+        for sh in row:
+            t = sh.times
+            busy[sh.device] = busy.get(sh.device, 0.0) + sh.count * (t.forward_ms + t.backward_ms)
+            busy[sh.device] += sh.reduce_ms + sh.step_ms
     return max(busy.values(), default=0.0)
 
 
@@ -85,42 +134,85 @@ def pipeline_bound_ms(
     split_backward: bool = False,
 ) -> float:
     """The fill and drain of a flushing pipeline around each device's own work (see the
-    module docstring); 0.0 where a device holds several stages (interleaved).
+    module docstring), devices holding several stages (interleaved) included.
 
     Example::
 
         pipeline_bound_ms(profile, topology, parse_stages("0-3:gpu0;4-7:gpu1"), 8, 4)
     """
-    devices = [d for st in stages for d in st.devices]
-    if len(set(devices)) != len(devices):
-        return 0.0
-    head = tail = 0.0
+    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size)
+    return _piped(shares, split_backward)
+
+
+def _piped(shares: Sequence[Sequence[_Share]], split_backward: bool) -> float:
+    heads, tails = _heads_and_tails(shares, split_backward)
+    held: dict[str, list[tuple[int, _Share]]] = {}
+    for k, row in enumerate(shares):
+        for sh in row:
+            held.setdefault(sh.device, []).append((k, sh))
     bound = 0.0
-    for st in stages:
-        r = len(st.devices)
-        reduce_ms = _allreduce_ms(profile, topology, st)
-        fastest_f = fastest_back = float("inf")
-        for j, dev in enumerate(st.devices):
-            speed = topology.device(dev).speed if topology is not None else 1.0
-            t = stage_times(
-                profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
-            )
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
-            step = stage_step_ms(profile, st.first, st.last, speed=speed)
-            if split_backward:
-                through = count * (t.forward_ms + t.input_grad_ms)
-                done = max(through + tail, through + count * t.weight_grad_ms + reduce_ms + step)
-                back = t.input_grad_ms
-            else:
-                work = count * (t.forward_ms + t.backward_ms)
-                done = work + max(tail, reduce_ms + step)
-                back = t.backward_ms
-            bound = max(bound, head + done)
-            fastest_f = min(fastest_f, t.forward_ms)
-            fastest_back = min(fastest_back, back)
-        head += fastest_f
-        tail += fastest_back
+    for mine in held.values():
+        bound = max(bound, _device_bound(mine, heads, tails, split_backward))
     return bound
+
+
+def _heads_and_tails(
+    shares: Sequence[Sequence[_Share]], split_backward: bool
+) -> tuple[list[float], list[float]]:
+    """Per stage ``k``: the fastest forward through stages ``0 .. k-1`` (``heads[k]``) and
+    the fastest backward (input half under ``split_backward``) back through them."""
+    heads, tails = [0.0], [0.0]
+    for row in shares:
+        fastest_f = min(sh.times.forward_ms for sh in row)
+        if split_backward:
+            fastest_back = min(sh.times.input_grad_ms for sh in row)
+        else:
+            fastest_back = min(sh.times.backward_ms for sh in row)
+        heads.append(heads[-1] + fastest_f)
+        tails.append(tails[-1] + fastest_back)
+    return heads, tails
+
+
+def _device_bound(
+    mine: Sequence[tuple[int, _Share]],
+    heads: Sequence[float],
+    tails: Sequence[float],
+    split_backward: bool,
+) -> float:
+    """One device's end, at the earliest: ``mine`` are its (stage index, share) pairs in
+    stage order. Nothing starts before its lowest stage's head; its last backward (of any
+    of its stages) still has that head's tail ahead; its all-reduces and steps follow its
+    backwards (one stage's at least after the last)."""
+    lowest = mine[0][0]
+    head, tail = heads[lowest], tails[lowest]
+    if len(mine) == 1:
+        # One stage (the sums in this order, as bounds computed them before the general
+        # case existed: the same numbers to the bit).
+        sh = mine[0][1]
+        t = sh.times
+        if split_backward:
+            through = sh.count * (t.forward_ms + t.input_grad_ms)
+            done = max(
+                through + tail, through + sh.count * t.weight_grad_ms + sh.reduce_ms + sh.step_ms
+            )
+        else:
+            work = sh.count * (t.forward_ms + t.backward_ms)
+            done = work + max(tail, sh.reduce_ms + sh.step_ms)
+        return head + done
+    through = total = 0.0
+    closing = min(sh.reduce_ms + sh.step_ms for _, sh in mine)
+    for _, sh in mine:
+        t = sh.times
+        if split_backward:
+            through += sh.count * (t.forward_ms + t.input_grad_ms)
+            total += sh.count * (t.forward_ms + t.backward_ms)
+        else:
+            through += sh.count * (t.forward_ms + t.backward_ms)
+            total += sh.count * (t.forward_ms + t.backward_ms)
+        total += sh.reduce_ms + sh.step_ms
+    if split_backward:
+        return head + max(through + tail, total)
+    return head + max(through + max(tail, closing), total)
 
 
 def _allreduce_ms(profile: Profile, topology: Topology | None, st: StageSpec) -> float:
@@ -148,27 +240,24 @@ def search_bound_ms(
     microbatch_size: int,
 ) -> float:
     """A lower bound of the simulated iteration for a named schedule: the larger of
-    :func:`busy_bound_ms` and :func:`pipeline_bound_ms` (flushing schedules, a device per
-    stage), else of :func:`busy_bound_ms` and :func:`planner.simulate.lower_bound_ms`
-    (interleaved or 2bw, whose critical path that bound follows).
+    :func:`busy_bound_ms` and :func:`pipeline_bound_ms` (flushing schedules), and where a
+    device holds several stages (interleaved) of :func:`planner.simulate.lower_bound_ms`
+    too (one microbatch's critical path, transfers included); 2bw (no flush):
+    :func:`busy_bound_ms` and the simulator's bound.
 
     Example::
 
         search_bound_ms(profile, topology, stages, "1f1b", 8, 4)
     """
-    busy = busy_bound_ms(profile, topology, stages, num_microbatches, microbatch_size)
+    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size)
+    busy = _busy(shares)
     flush = schedule != "2bw"
+    shared = len({d for st in stages for d in st.devices}) < sum(len(st.devices) for st in stages)
     if flush:
-        piped = pipeline_bound_ms(
-            profile,
-            topology,
-            stages,
-            num_microbatches,
-            microbatch_size,
-            split_backward=schedule == "zb",
-        )
-        if piped > 0.0:
+        piped = _piped(shares, split_backward=schedule == "zb")
+        if not shared and piped > 0.0:
             return max(busy, piped)
+        busy = max(busy, piped)
     from planner.simulate import lower_bound_ms
 
     plain = lower_bound_ms(
