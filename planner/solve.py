@@ -55,7 +55,7 @@ from planner.partition.mapping import (
     slots_along,
     uniform_network,
 )
-from planner.partition.peers import PeerBest
+from planner.partition.peers import PeerBest, PeerJudge
 from planner.plan import Plan, StageSpec
 from planner.profile.schema import Profile, as_profile
 from planner.topology import as_topology
@@ -695,14 +695,17 @@ def baseline_outcomes(
 
 
 def _baseline_candidates(
-    search: _Search, schedule: str, mb: int, m: int
+    search: _Search, schedule: str, mb: int, m: int, judge: PeerJudge
 ) -> list[tuple[str, Candidate | str]]:
     """The baselines' partitions placed in device order (one device per stage, or
     PipeDream's replicas on consecutive devices); recompute where memory needs it. A
-    baseline whose algorithm fails comes back as the reason instead of a candidate."""
+    baseline whose algorithm fails comes back as the reason instead of a candidate.
+    (``judge``: the tuned peers', whose PipeDream stages the defaults reuse.)"""
+    from planner.partition.peers import default_outcomes
+
     names = search.topology.device_names()
     out: list[tuple[str, Candidate | str]] = []
-    outcomes = baseline_outcomes(search.profile, search.topology, mb)
+    outcomes = default_outcomes(search.profile, search.topology, mb, judge=judge)
     for label, ranges, replicas, reason in outcomes:
         if reason is not None:
             out.append((label, reason))
@@ -736,7 +739,7 @@ def _peer_report(
     """Each peer tuned over its sweep (with the user's schedule where one is given), and the
     peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
     the requested schedule, recompute where memory needs it, the best microbatch size."""
-    from planner.partition.peers import PeerConfig, PeerJudge, tune_peers
+    from planner.partition.peers import PeerConfig, tune_peers
 
     override = None if schedule == "auto" else (schedule,)
 
@@ -759,7 +762,7 @@ def _peer_report(
     defaults: dict[str, Scored] = {}
     failed: dict[str, str] = {}
     for mb, m in settings:
-        for label, cand in _baseline_candidates(search, base_sched, mb, m):
+        for label, cand in _baseline_candidates(search, base_sched, mb, m, judge):
             if isinstance(cand, str):
                 failed.setdefault(label, cand)
                 continue

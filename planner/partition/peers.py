@@ -218,6 +218,30 @@ class PeerJudge:
     simulator: Callable[[PeerConfig], tuple[float, bool]] | None = None
     cache: dict[PeerConfig, PeerRun] = field(default_factory=dict)
     simulations: int = 0
+    # PipeDream's stages per microbatch size, or why it has none: its DP is the costliest
+    # partitioner, and both its sweep and the peer defaults ask for them.
+    pipedream: dict[int, list[tuple[int, int, int]] | str] = field(default_factory=dict)
+
+    def pipedream_stages(self, microbatch_size: int) -> list[tuple[int, int, int]] | str:
+        """PipeDream's ``(first, last, replicas)`` stages on this topology (its levels from
+        :func:`pipedream_levels`), or the reason it gives none; computed once per size.
+
+        Example::
+
+            judge.pipedream_stages(4)   # [(0, 9, 3), (10, 11, 1)]
+        """
+        hit = self.pipedream.get(microbatch_size)
+        if hit is None:
+            from planner.partition import baselines as bl
+
+            try:
+                hit = bl.pipedream_partition(
+                    self.profile, microbatch_size, pipedream_levels(self.topology)
+                )
+            except InputError as exc:
+                hit = str(exc)
+            self.pipedream[microbatch_size] = hit
+        return hit
 
     def run(self, config: PeerConfig) -> PeerRun:
         """Simulate ``config``; a shape the schedule cannot run is an infeasible run."""
@@ -355,13 +379,18 @@ def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
 
 
 def default_outcomes(
-    profile: Profile, topology: Topology, microbatch_size: int
+    profile: Profile,
+    topology: Topology,
+    microbatch_size: int,
+    *,
+    judge: PeerJudge | None = None,
 ) -> list[tuple[str, Ranges, list[int], str | None]]:
     """The peer defaults as ``(name, ranges, replicas, reason)``: DeepSpeed uniform and
     parameters and torchgpipe on ``min(layers, devices)`` stages, one device each, and
     PipeDream's own stages and replicas. ``ranges`` is empty and ``reason`` says why where
     the algorithm itself gives no partition (torchgpipe on zero-time layers, PipeDream's
-    memory constraint).
+    memory constraint). ``judge`` (of the same profile and topology) shares PipeDream's
+    stages with the peers' sweep.
 
     Example::
 
@@ -380,15 +409,11 @@ def default_outcomes(
         out.append(("time-balanced", timed, [1] * s, None))
     except InputError as exc:
         out.append(("time-balanced", [], [], str(exc)))
-    try:
-        stages = bl.pipedream_partition(profile, microbatch_size, pipedream_levels(topology))
-    except InputError as exc:
-        out.append(("pipedream", [], [], str(exc)))
-    else:
-        if stages:
-            out.append(
-                ("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None)
-            )
+    stages = (judge or PeerJudge(profile, topology)).pipedream_stages(microbatch_size)
+    if isinstance(stages, str):
+        out.append(("pipedream", [], [], stages))
+    elif stages:
+        out.append(("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None))
     return out
 
 
@@ -396,17 +421,13 @@ def default_outcomes(
 
 
 def _pipedream_configs(
-    peer: Peer, profile: Profile, topology: Topology, settings: Sequence[Setting]
+    peer: Peer, judge: PeerJudge, settings: Sequence[Setting]
 ) -> Iterator[PeerConfig | str]:
-    from planner.partition import baselines as bl
-
-    names = topology.device_names()
-    levels = pipedream_levels(topology)
+    names = judge.topology.device_names()
     for mb, m in settings:
-        try:
-            stages = bl.pipedream_partition(profile, mb, levels)
-        except InputError as exc:
-            yield str(exc)
+        stages = judge.pipedream_stages(mb)
+        if isinstance(stages, str):
+            yield stages
             continue
         groups, pos = [], 0
         for _, _, r in stages:
@@ -422,10 +443,16 @@ def _pipedream_configs(
 
 
 def peer_configurations(
-    peer: Peer, profile: Profile, topology: Topology, settings: Sequence[Setting]
+    peer: Peer,
+    profile: Profile,
+    topology: Topology,
+    settings: Sequence[Setting],
+    *,
+    judge: PeerJudge | None = None,
 ) -> Iterator[PeerConfig | str]:
     """Every configuration ``peer``'s users could run here; a string says why a
     (depth, partition) has none (its algorithm fails, layers do not divide, ...).
+    ``judge`` (of the same profile and topology) keeps PipeDream's stages for reuse.
 
     Example::
 
@@ -433,7 +460,7 @@ def peer_configurations(
                    if isinstance(c, PeerConfig)]
     """
     if peer.partitions == ("pipedream",):
-        yield from _pipedream_configs(peer, profile, topology, settings)
+        yield from _pipedream_configs(peer, judge or PeerJudge(profile, topology), settings)
         return
     names = topology.device_names()
     n = profile.num_layers
@@ -518,7 +545,7 @@ def tune_peers(
             peer = Peer(peer.name, peer.partitions, tuple(schedules), peer.layout)
         configs: list[PeerConfig] = []
         reasons: list[str] = []
-        for c in peer_configurations(peer, profile, topology, settings):
+        for c in peer_configurations(peer, profile, topology, settings, judge=judge):
             if isinstance(c, str):
                 reasons.append(c)
             else:
