@@ -160,6 +160,9 @@ class _Search:
     sims: int = 0
     ilp: dict[str, Any] | None = None
     methods: list[str] = field(default_factory=list)
+    # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
+    # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
+    recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
 
     def evaluate(self, cand: Candidate, origin: str) -> Scored:
         """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
@@ -1015,6 +1018,29 @@ def _interleaved(search: _Search, c: Candidate) -> list[Candidate]:
 
 
 def _recut(
+    search: _Search,
+    groups: Sequence[tuple[str, ...]],
+    schedule: str,
+    mb: int,
+    m: int,
+    virtual: int = 1,
+    *,
+    full: bool = True,
+) -> list[Candidate]:
+    """:func:`_cut_over` once per search for each set of arguments (a copy of the list).
+
+    Example::
+
+        _recut(search, [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
+    """
+    key = (tuple(groups), schedule, mb, m, virtual, full)
+    hit = search.recuts.get(key)
+    if hit is None:
+        hit = search.recuts[key] = _cut_over(search, groups, schedule, mb, m, virtual, full=full)
+    return list(hit)
+
+
+def _cut_over(
     search: _Search,
     groups: Sequence[tuple[str, ...]],
     schedule: str,
