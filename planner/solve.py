@@ -163,6 +163,35 @@ class _Search:
     # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
     # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
     recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
+    # Candidates left unsimulated because their bound could not beat the plan they were
+    # measured against, with that bound per sample (see :meth:`bound_per_sample`).
+    bounded: dict[Candidate, float] = field(default_factory=dict)
+
+    def bound_per_sample(self, cand: Candidate) -> float:
+        """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
+        (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
+        switch it off, and recompute only adds time)."""
+        from planner.partition.bounds import search_bound_ms
+
+        hit = self.bounded.get(cand)
+        if hit is not None:
+            return hit
+        specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
+        m, mb = cand.num_microbatches, cand.microbatch_size
+        bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
+        return bound / cand.samples
+
+    def cannot_beat(self, cand: Candidate, best: Scored) -> bool:
+        """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
+        :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
+        remembered, not simulated."""
+        if not best.fits or cand in self.cache:
+            return False
+        bound = self.bound_per_sample(cand)
+        if round(bound, 9) > round(best.per_sample_ms, 9):
+            self.bounded[cand] = bound
+            return True
+        return False
 
     def evaluate(self, cand: Candidate, origin: str) -> Scored:
         """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
@@ -951,6 +980,15 @@ def _distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
 
 
 def _local_search(search: _Search, start: Scored, budget: int) -> Scored:
+    """First-improvement descent over :func:`_neighbours` from ``start``, for ``budget``
+    new neighbours. A neighbour whose bound cannot beat the current best is counted but
+    not simulated (:meth:`_Search.cannot_beat`): simulated it would not have been taken,
+    so the descent is the same, for fewer simulations.
+
+    Example::
+
+        better = _local_search(search, start, 24)
+    """
     best = start
     names = search.topology.device_names()
     n = search.profile.num_layers
@@ -974,7 +1012,10 @@ def _local_search(search: _Search, start: Scored, budget: int) -> Scored:
             if cand in search.cache:
                 scored = search.cache[cand]
             else:
-                spent += 1
+                # A candidate met before costs nothing (as when it was simulated then).
+                spent += cand not in search.bounded
+                if search.cannot_beat(cand, best):
+                    continue
                 scored = search.evaluate(cand, "local search")
             # Strictly better (fit, time, devices): ties on the plan itself are no progress.
             if scored.key()[:3] < best.key()[:3]:
@@ -1290,8 +1331,10 @@ def _own_search(
         count = _INTERLEAVED_SEEDS if scale <= 2048 else 1
         pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
         for seed in _distinct_starts(pipelines, count):
-            extra = _interleaved(search, seed.cand)
-            scored.extend(search.evaluate(e, "interleaved") for e in extra)
+            for e in _interleaved(search, seed.cand):
+                if not search.cannot_beat(e, best):
+                    scored.append(search.evaluate(e, "interleaved"))
+                    best = min(best, scored[-1], key=Scored.key)
     return scored
 
 
@@ -1345,7 +1388,12 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
             ranges = [r for r, _, _ in c.stages]
             groups = [d for _, d, _ in c.stages]
             extra = [_make(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)]
-        out.extend(search.evaluate(e, f"schedule {sched}") for e in extra)
+        # One that cannot beat the winner by its bound could change nothing.
+        out.extend(
+            search.evaluate(e, f"schedule {sched}")
+            for e in extra
+            if not search.cannot_beat(e, best)
+        )
     return out
 
 
