@@ -170,13 +170,17 @@ class _Search:
     def bound_per_sample(self, cand: Candidate) -> float:
         """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
         (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
-        switch it off, and recompute only adds time)."""
-        from planner.partition.bounds import search_bound_ms
+        switch it off, and recompute only adds time); infinite where it cannot fit
+        (:func:`planner.partition.bounds.overflows_memory`: it never beats a plan that
+        fits)."""
+        from planner.partition.bounds import overflows_memory, search_bound_ms
 
         hit = self.bounded.get(cand)
         if hit is not None:
             return hit
         specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
+        if overflows_memory(self.profile, self.topology, specs, cand.schedule):
+            return math.inf  # fits with no recompute: never beats a plan that fits
         m, mb = cand.num_microbatches, cand.microbatch_size
         bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
         return bound / cand.samples

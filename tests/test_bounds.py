@@ -133,3 +133,30 @@ def test_interleaved_bound_is_exact_for_equal_chunks(p: int, v: int, m: int) -> 
     assert pipeline_bound_ms(profile, None, stages, m, 1) == res.iteration_ms == expected
     # The simulator's own bound (the busiest device, one microbatch's path) is below it.
     assert lower_bound_ms(profile, None, stages, m, 1) < expected
+
+
+def test_static_overflow_means_no_recompute_fits() -> None:
+    from planner.partition.bounds import overflows_memory
+
+    # Devices too small for some plans' weights, gradients and optimizer state: whenever
+    # the bound says a plan overflows, the simulator's peak does too, with recompute on
+    # every stage as well; and it says so for some plans and not for others.
+    rng = random.Random(7)
+    topo = uniform_topology(4, bandwidth=1e9, memory_bytes=300 * 2**20)
+    names = topo.device_names()
+    said = {True: 0, False: 0}
+    for case in range(40):
+        profile = random_profile(rng.randint(2, 8), case, sizes=(1,))
+        stages = _random_plan(rng, profile.num_layers, names)
+        schedule = rng.choice(["1f1b", "gpipe", "2bw"])
+        over = overflows_memory(profile, topo, stages, schedule)
+        said[over] += 1
+        for recompute in (False, True):
+            plan = [StageSpec(s.id, s.layers, s.devices, recompute) for s in stages]
+            try:
+                res = simulate(profile, topo, plan, schedule, 4, 1, events=False)
+            except InputError:
+                continue
+            if over:
+                assert any(b > 300 * 2**20 for b in res.memory_bytes.values()), case
+    assert said[True] and said[False]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from planner.cost import (
     StageTimes,
     stage_param_bytes,
+    stage_static_bytes,
     stage_step_ms,
     stage_tied_parameters,
     stage_times,
@@ -50,7 +51,7 @@ from planner.profile.schema import Profile
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["busy_bound_ms", "pipeline_bound_ms", "search_bound_ms"]
+__all__ = ["busy_bound_ms", "overflows_memory", "pipeline_bound_ms", "search_bound_ms"]
 
 
 @dataclass(frozen=True)
@@ -270,3 +271,25 @@ def search_bound_ms(
         split_backward=schedule == "zb",
     )
     return max(plain, busy)
+
+
+def overflows_memory(
+    profile: Profile, topology: Topology, stages: Sequence[StageSpec], schedule: str
+) -> bool:
+    """Whether some device's weights, gradients and optimizer state (with 2bw's second
+    weight version) alone exceed its memory. The simulator holds them throughout, so its
+    peak is never below them, and recompute does not shrink them: no recompute makes such
+    a plan fit, and simulating it can only say so.
+
+    Example::
+
+        overflows_memory(profile, topology, parse_stages("0-3:gpu0;4-7:gpu1"), "1f1b")
+    """
+    versions = 2 if schedule == "2bw" else 1
+    held: dict[str, int] = {}
+    for st in stages:
+        per_device = stage_static_bytes(profile, st.first, st.last, replicas=len(st.devices))
+        per_device += (versions - 1) * stage_param_bytes(profile, st.first, st.last)
+        for d in st.devices:
+            held[d] = held.get(d, 0) + per_device
+    return any(b > topology.device(d).memory_bytes for d, b in held.items())

@@ -41,7 +41,9 @@ Simulating every configuration is avoided exactly: configurations are visited in
 of a lower bound per sample (:func:`planner.partition.bounds.search_bound_ms`: the
 simulator's bound, or the busiest device's compute + all-reduce + step, whichever is
 larger), and a peer's search stops at the first whose bound is no better than the best
-time found; the answer is the same as simulating all of them.
+time found; one whose weights, gradients and optimizer state alone overflow a device is
+passed over (:func:`planner.partition.bounds.overflows_memory`); the answer is the same
+as simulating all of them.
 
 Example::
 
@@ -292,6 +294,14 @@ class PeerJudge:
         )
         return bound / config.samples
 
+    def overflows(self, config: PeerConfig) -> bool:
+        """Whether ``config`` cannot fit with or without recompute: a device's weights,
+        gradients and optimizer state alone exceed its memory
+        (:func:`planner.partition.bounds.overflows_memory`); nothing to simulate."""
+        from planner.partition.bounds import overflows_memory
+
+        return overflows_memory(self.profile, self.topology, config.specs(), config.schedule)
+
     def settle(self, config: PeerConfig) -> PeerRun:
         """Without recompute, or with recompute on every stage where memory needs it."""
         plain = self.run(config)
@@ -500,7 +510,9 @@ def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:
 
 def _best_of(judge: PeerJudge, configs: Sequence[PeerConfig]) -> tuple[PeerRun | None, int]:
     """The fastest feasible run per sample, visiting configurations by lower bound and
-    stopping where the bound cannot beat the best found (ties: the earlier configuration)."""
+    stopping where the bound cannot beat the best found (ties: the earlier configuration);
+    one whose static memory overflows a device is passed over unsimulated (it cannot fit).
+    Also how many were simulated (or found simulated)."""
     ranked = sorted(
         ((judge.bound_per_sample(c), i, c) for i, c in enumerate(configs)),
         key=lambda x: (x[0], x[1]),
@@ -511,6 +523,8 @@ def _best_of(judge: PeerJudge, configs: Sequence[PeerConfig]) -> tuple[PeerRun |
     for bound, index, config in ranked:
         if best is not None and bound >= best.per_sample_ms:
             break
+        if judge.overflows(config):
+            continue
         simulated += 1
         run = judge.settle(config)
         if run.feasible and (run.per_sample_ms, index) < best_key:
