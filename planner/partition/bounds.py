@@ -19,8 +19,10 @@ with ``head_k`` (``tail_k``) the fastest replica's forward (backward, or its inp
 under zero-bubble) of each stage before ``k``. For equal stages under 1F1B that is exactly
 ``(m + p - 1)(f + b)``. A device holding several stages (interleaved) is bounded the same
 way from its lowest stage: whichever backward it runs last (of a stage ``c >= k``), the
-gradient still has stages ``c - 1 .. 0`` ahead of it, so for ``p`` equal devices of ``v``
-equal chunks the bound is ``(m + (p - 1) / v)(f + b)``, the interleaved schedule's ideal.
+gradient still has stages ``c - 1 .. 0`` ahead of it, and the all-reduces of its other
+stages, which the schedules run right after each stage's last backward there, come before
+it; so for ``p`` equal devices of ``v`` equal chunks the bound is
+``(m + (p - 1) / v)(f + b)``, the interleaved schedule's ideal.
 The searches visit candidates in the order of the largest of these and the simulator's own
 bound, and stop simulating once it cannot beat the best time found: with the all-reduce
 and the fill and drain left out, almost every candidate would get through.
@@ -182,8 +184,8 @@ def _device_bound(
 ) -> float:
     """One device's end, at the earliest: ``mine`` are its (stage index, share) pairs in
     stage order. Nothing starts before its lowest stage's head; its last backward (of any
-    of its stages) still has that head's tail ahead; its all-reduces and steps follow its
-    backwards (one stage's at least after the last)."""
+    of its stages ``c``) still has ``c``'s tail ahead; each stage's all-reduce follows
+    its last backward there, and its step that."""
     lowest = mine[0][0]
     head, tail = heads[lowest], tails[lowest]
     if len(mine) == 1:
@@ -200,20 +202,22 @@ def _device_bound(
             work = sh.count * (t.forward_ms + t.backward_ms)
             done = work + max(tail, sh.reduce_ms + sh.step_ms)
         return head + done
-    through = total = 0.0
-    closing = min(sh.reduce_ms + sh.step_ms for _, sh in mine)
+    through = total = reduces = 0.0
     for _, sh in mine:
         t = sh.times
         if split_backward:
             through += sh.count * (t.forward_ms + t.input_grad_ms)
-            total += sh.count * (t.forward_ms + t.backward_ms)
         else:
             through += sh.count * (t.forward_ms + t.backward_ms)
-            total += sh.count * (t.forward_ms + t.backward_ms)
-        total += sh.reduce_ms + sh.step_ms
+        total += sh.count * (t.forward_ms + t.backward_ms) + sh.reduce_ms + sh.step_ms
+        reduces += sh.reduce_ms
     if split_backward:
         return head + max(through + tail, total)
-    return head + max(through + max(tail, closing), total)
+    # A stage's all-reduce runs right after its last backward on the device (as
+    # build_schedule orders it): all but that of the stage ``c`` whose backward comes last
+    # run before it, and after it come that all-reduce and step, and ``c``'s tail.
+    last = min(max(tails[k] - sh.reduce_ms, sh.step_ms) for k, sh in mine)
+    return head + max(through + reduces + last, total)
 
 
 def _allreduce_ms(profile: Profile, topology: Topology | None, st: StageSpec) -> float:
