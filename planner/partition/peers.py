@@ -86,6 +86,12 @@ Setting = tuple[int, int]
 
 # Virtual stages per device tried for interleaved schedules.
 _VIRTUAL = (2, 3, 4)
+# The peer defaults with one stage per device: their labels and partition methods.
+_DEFAULTS = (
+    ("uniform", "uniform"),
+    ("parameter-balanced", "parameters"),
+    ("time-balanced", "balance_by_time"),
+)
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,27 @@ class PeerJudge:
     # PipeDream's stages per microbatch size, or why it has none: its DP is the costliest
     # partitioner, and both its sweep and the peer defaults ask for them.
     pipedream: dict[int, list[tuple[int, int, int]] | str] = field(default_factory=dict)
+    # Each named partition by (method, microbatch size, stages), or why it has none: every
+    # schedule and number of microbatches of a depth asks for the same one.
+    partitions: dict[tuple[str, int, int], Ranges | str] = field(default_factory=dict)
+
+    def partition(self, method: str, microbatch_size: int, chunks: int) -> Ranges | str:
+        """``chunks`` contiguous ranges by the named method, or the reason it gives none
+        (computed once per arguments).
+
+        Example::
+
+            judge.partition("parameters", 4, 8)   # [(0, 2), (3, 5), ...]
+        """
+        key = (method, microbatch_size, chunks)
+        hit = self.partitions.get(key)
+        if hit is None:
+            try:
+                hit = _partition(self.profile, method, microbatch_size, chunks)
+            except InputError as exc:
+                hit = str(exc)
+            self.partitions[key] = hit
+        return hit
 
     def pipedream_stages(self, microbatch_size: int) -> list[tuple[int, int, int]] | str:
         """PipeDream's ``(first, last, replicas)`` stages on this topology (its levels from
@@ -399,27 +426,23 @@ def default_outcomes(
     parameters and torchgpipe on ``min(layers, devices)`` stages, one device each, and
     PipeDream's own stages and replicas. ``ranges`` is empty and ``reason`` says why where
     the algorithm itself gives no partition (torchgpipe on zero-time layers, PipeDream's
-    memory constraint). ``judge`` (of the same profile and topology) shares PipeDream's
-    stages with the peers' sweep.
+    memory constraint). ``judge`` (of the same profile and topology) shares the partitions
+    with the peers' sweep.
 
     Example::
 
         for name, ranges, replicas, reason in default_outcomes(profile, topology, 4): ...
     """
-    from planner.partition import baselines as bl
-
-    n = profile.num_layers
-    s = min(n, len(topology.devices))
-    out: list[tuple[str, Ranges, list[int], str | None]] = [
-        ("uniform", list(bl.uniform_partition(n, s)), [1] * s, None),
-        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s, None),
-    ]
-    try:
-        timed = list(bl.time_balanced_partition(profile, microbatch_size, s))
-        out.append(("time-balanced", timed, [1] * s, None))
-    except InputError as exc:
-        out.append(("time-balanced", [], [], str(exc)))
-    stages = (judge or PeerJudge(profile, topology)).pipedream_stages(microbatch_size)
+    judge = judge or PeerJudge(profile, topology)
+    s = min(profile.num_layers, len(topology.devices))
+    out: list[tuple[str, Ranges, list[int], str | None]] = []
+    for label, method in _DEFAULTS:
+        ranges = judge.partition(method, microbatch_size, s)
+        if isinstance(ranges, str):
+            out.append((label, [], [], ranges))
+        else:
+            out.append((label, list(ranges), [1] * s, None))
+    stages = judge.pipedream_stages(microbatch_size)
     if isinstance(stages, str):
         out.append(("pipedream", [], [], stages))
     elif stages:
@@ -462,15 +485,16 @@ def peer_configurations(
 ) -> Iterator[PeerConfig | str]:
     """Every configuration ``peer``'s users could run here; a string says why a
     (depth, partition) has none (its algorithm fails, layers do not divide, ...).
-    ``judge`` (of the same profile and topology) keeps PipeDream's stages for reuse.
+    ``judge`` (of the same profile and topology) keeps the partitions for reuse.
 
     Example::
 
         configs = [c for c in peer_configurations(PEERS[0], profile, topology, [(4, 16)])
                    if isinstance(c, PeerConfig)]
     """
+    judge = judge or PeerJudge(profile, topology)
     if peer.partitions == ("pipedream",):
-        yield from _pipedream_configs(peer, judge or PeerJudge(profile, topology), settings)
+        yield from _pipedream_configs(peer, judge, settings)
         return
     names = topology.device_names()
     n = profile.num_layers
@@ -486,10 +510,9 @@ def peer_configurations(
             for method in peer.partitions:
                 for sched in peer.schedules:
                     for v in _virtual_counts(sched, depth, n):
-                        try:
-                            ranges = _partition(profile, method, mb, depth * v)
-                        except InputError as exc:
-                            yield f"{method} on {depth * v} stages: {exc}"
+                        ranges = judge.partition(method, mb, depth * v)
+                        if isinstance(ranges, str):
+                            yield f"{method} on {depth * v} stages: {ranges}"
                             continue
                         placed = tuple((r, groups[k % depth]) for k, r in enumerate(ranges))
                         yield PeerConfig(
