@@ -627,15 +627,23 @@ def _grid_interleaved(
 
 
 def _by_bound(
-    search: _Search, cands: Sequence[Candidate], scored: Sequence[Scored], origin: str
+    search: _Search,
+    cands: Sequence[Candidate],
+    scored: Sequence[Scored],
+    origin: str,
+    keep: int = 1,
 ) -> list[Scored]:
     """Simulate ``cands`` in the order of a lower bound of their time per sample
     (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
-    best plan found so far; the rest cannot, so leaving them out loses nothing."""
+    ``keep``-th best distinct plan found so far (local search starts from the best
+    ``keep``); the rest cannot be among them, so leaving them out loses nothing, and the
+    local search starts from the same plans however tight the bound."""
     from planner.partition.bounds import search_bound_ms
 
-    fitting = [x.per_sample_ms for x in scored if x.fits]
-    best = min(fitting, default=math.inf)
+    best: dict[tuple[Any, ...], float] = {}  # per distinct plan, as _distinct_starts
+    for x in scored:
+        if x.fits:
+            _note_time(best, x)
     ranked = []
     for i, c in enumerate(dict.fromkeys(cands)):
         bound = search_bound_ms(
@@ -650,13 +658,19 @@ def _by_bound(
     ranked.sort(key=lambda x: (x[0], x[1]))
     out = []
     for bound, _, c in ranked:
-        if bound >= best:
+        times = sorted(best.values())
+        if len(times) >= keep and bound >= times[keep - 1]:
             break
         got = search.evaluate(c, origin)
         out.append(got)
         if got.fits:
-            best = min(best, got.per_sample_ms)
+            _note_time(best, got)
     return out
+
+
+def _note_time(best: dict[tuple[Any, ...], float], x: Scored) -> None:
+    shape = tuple((r, d) for r, d, _ in x.cand.stages)
+    best[shape] = min(best.get(shape, math.inf), x.per_sample_ms)
 
 
 def _ilp_candidate(
@@ -1306,10 +1320,11 @@ def _own_search(
                     cand = _make(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                     scored.append(search.evaluate(cand, "dp"))
                 grid.extend(_grid_shapes(search, cands, sched, mb, m))
-        scored.extend(_by_bound(search, grid, scored, "grid"))
+        starts = _LOCAL_STARTS if scale <= 2048 else 1
+        scored.extend(_by_bound(search, grid, scored, "grid", starts))
         if "interleaved" in schedules:
             chunked = _grid_interleaved(search, grid, scored)
-            scored.extend(_by_bound(search, chunked, scored, "grid interleaved"))
+            scored.extend(_by_bound(search, chunked, scored, "grid interleaved", starts))
         use_ilp = opts.use_ilp
         if use_ilp is None:
             use_ilp = not homogeneous
@@ -1320,10 +1335,10 @@ def _own_search(
             if from_ilp is not None:
                 scored.append(from_ilp)
         # Local search from the best few distinct plans (the best gets the full budget).
-        starts = _distinct_starts(scored, _LOCAL_STARTS if scale <= 2048 else 1)
-        if starts:
+        firsts = _distinct_starts(scored, starts)
+        if firsts:
             search.methods.append("local search")
-        for rank, start in enumerate(starts):
+        for rank, start in enumerate(firsts):
             budget = _local_budget(opts.local_search_evals, start)
             scored.append(_local_search(search, start, budget if rank == 0 else budget // 6))
     if not scored or not min(scored, key=Scored.key).fits:
