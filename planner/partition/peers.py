@@ -232,6 +232,8 @@ class PeerJudge:
     # Each named partition by (method, microbatch size, stages), or why it has none: every
     # schedule and number of microbatches of a depth asks for the same one.
     partitions: dict[tuple[str, int, int], Ranges | str] = field(default_factory=dict)
+    # Bounds per sample by what they depend on (stages, recompute, schedule, batch).
+    bounds: dict[tuple[object, ...], float] = field(default_factory=dict)
 
     def partition(self, method: str, microbatch_size: int, chunks: int) -> Ranges | str:
         """``chunks`` contiguous ranges by the named method, or the reason it gives none
@@ -308,18 +310,24 @@ class PeerJudge:
 
     def bound_per_sample(self, config: PeerConfig) -> float:
         """A lower bound of ``config``'s simulated time, per sample
-        (:func:`planner.partition.bounds.search_bound_ms`)."""
+        (:func:`planner.partition.bounds.search_bound_ms`); peers whose configurations
+        coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
         from planner.partition.bounds import search_bound_ms
 
-        bound = search_bound_ms(
-            self.profile,
-            self.topology,
-            config.specs(),
-            config.schedule,
-            config.num_microbatches,
-            config.microbatch_size,
-        )
-        return bound / config.samples
+        key = (config.stages, config.recompute, config.schedule, config.num_microbatches)
+        key += (config.microbatch_size,)
+        hit = self.bounds.get(key)
+        if hit is None:
+            bound = search_bound_ms(
+                self.profile,
+                self.topology,
+                config.specs(),
+                config.schedule,
+                config.num_microbatches,
+                config.microbatch_size,
+            )
+            hit = self.bounds[key] = bound / config.samples
+        return hit
 
     def overflows(self, config: PeerConfig) -> bool:
         """Whether ``config`` cannot fit with or without recompute: a device's weights,
