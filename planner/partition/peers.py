@@ -314,8 +314,13 @@ class PeerJudge:
         coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
         from planner.partition.bounds import search_bound_ms
 
-        key = (config.stages, config.recompute, config.schedule, config.num_microbatches)
-        key += (config.microbatch_size,)
+        key = (
+            config.stages,
+            config.recompute,
+            config.schedule,
+            config.num_microbatches,
+            config.microbatch_size,
+        )
         hit = self.bounds.get(key)
         if hit is None:
             bound = search_bound_ms(
