@@ -53,7 +53,7 @@ from planner.partition.mapping import (
     slots_along,
     uniform_network,
 )
-from planner.partition.peers import PeerBest
+from planner.partition.peers import PeerBest, PeerJudge
 from planner.plan import Plan, StageSpec, plan_from_simulation
 from planner.plan_parts import Baseline, FileRef, IlpInfo, SolverInfo, WithoutPeers
 from planner.profile.schema import Profile, as_profile
@@ -160,6 +160,42 @@ class _Search:
     sims: int = 0
     ilp: IlpInfo | None = None
     methods: list[str] = field(default_factory=list)
+    # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
+    # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
+    recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
+    # Candidates left unsimulated because their bound could not beat the plan they were
+    # measured against, with that bound per sample (see :meth:`bound_per_sample`).
+    bounded: dict[Candidate, float] = field(default_factory=dict)
+
+    def bound_per_sample(self, cand: Candidate) -> float:
+        """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
+        (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
+        switch it off, and recompute only adds time); infinite where it cannot fit
+        (:func:`planner.partition.bounds.overflows_memory`: it never beats a plan that
+        fits)."""
+        from planner.partition.bounds import overflows_memory, search_bound_ms
+
+        hit = self.bounded.get(cand)
+        if hit is not None:
+            return hit
+        specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
+        if overflows_memory(self.profile, self.topology, specs, cand.schedule):
+            return math.inf  # fits with no recompute: never beats a plan that fits
+        m, mb = cand.num_microbatches, cand.microbatch_size
+        bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
+        return bound / cand.samples
+
+    def cannot_beat(self, cand: Candidate, best: Scored) -> bool:
+        """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
+        :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
+        remembered, not simulated."""
+        if not best.fits or cand in self.cache:
+            return False
+        bound = self.bound_per_sample(cand)
+        if round(bound, 9) > round(best.per_sample_ms, 9):
+            self.bounded[cand] = bound
+            return True
+        return False
 
     def evaluate(self, cand: Candidate, origin: str) -> Scored:
         """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
@@ -591,15 +627,23 @@ def _grid_interleaved(
 
 
 def _by_bound(
-    search: _Search, cands: Sequence[Candidate], scored: Sequence[Scored], origin: str
+    search: _Search,
+    cands: Sequence[Candidate],
+    scored: Sequence[Scored],
+    origin: str,
+    keep: int = 1,
 ) -> list[Scored]:
     """Simulate ``cands`` in the order of a lower bound of their time per sample
     (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
-    best plan found so far; the rest cannot, so leaving them out loses nothing."""
+    ``keep``-th best distinct plan found so far (local search starts from the best
+    ``keep``); the rest cannot be among them, so leaving them out loses nothing, and the
+    local search starts from the same plans however tight the bound."""
     from planner.partition.bounds import search_bound_ms
 
-    fitting = [x.per_sample_ms for x in scored if x.fits]
-    best = min(fitting, default=math.inf)
+    best: dict[tuple[Any, ...], float] = {}  # per distinct plan, as _distinct_starts
+    for x in scored:
+        if x.fits:
+            _note_time(best, x)
     ranked = []
     for i, c in enumerate(dict.fromkeys(cands)):
         bound = search_bound_ms(
@@ -614,13 +658,19 @@ def _by_bound(
     ranked.sort(key=lambda x: (x[0], x[1]))
     out = []
     for bound, _, c in ranked:
-        if bound >= best:
+        times = sorted(best.values())
+        if len(times) >= keep and bound >= times[keep - 1]:
             break
         got = search.evaluate(c, origin)
         out.append(got)
         if got.fits:
-            best = min(best, got.per_sample_ms)
+            _note_time(best, got)
     return out
+
+
+def _note_time(best: dict[tuple[Any, ...], float], x: Scored) -> None:
+    shape = tuple((r, d) for r, d, _ in x.cand.stages)
+    best[shape] = min(best.get(shape, math.inf), x.per_sample_ms)
 
 
 def _ilp_candidate(
@@ -695,14 +745,17 @@ def baseline_outcomes(
 
 
 def _baseline_candidates(
-    search: _Search, schedule: str, mb: int, m: int
+    search: _Search, schedule: str, mb: int, m: int, judge: PeerJudge
 ) -> list[tuple[str, Candidate | str]]:
     """The baselines' partitions placed in device order (one device per stage, or
     PipeDream's replicas on consecutive devices); recompute where memory needs it. A
-    baseline whose algorithm fails comes back as the reason instead of a candidate."""
+    baseline whose algorithm fails comes back as the reason instead of a candidate.
+    (``judge``: the tuned peers', whose PipeDream stages the defaults reuse.)"""
+    from planner.partition.peers import default_outcomes
+
     names = search.topology.device_names()
     out: list[tuple[str, Candidate | str]] = []
-    outcomes = baseline_outcomes(search.profile, search.topology, mb)
+    outcomes = default_outcomes(search.profile, search.topology, mb, judge=judge)
     for label, ranges, replicas, reason in outcomes:
         if reason is not None:
             out.append((label, reason))
@@ -736,7 +789,7 @@ def _peer_report(
     """Each peer tuned over its sweep (with the user's schedule where one is given), and the
     peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
     the requested schedule, recompute where memory needs it, the best microbatch size."""
-    from planner.partition.peers import PeerConfig, PeerJudge, tune_peers
+    from planner.partition.peers import PeerConfig, tune_peers
 
     override = None if schedule == "auto" else (schedule,)
 
@@ -759,7 +812,7 @@ def _peer_report(
     defaults: dict[str, Scored] = {}
     failed: dict[str, str] = {}
     for mb, m in settings:
-        for label, cand in _baseline_candidates(search, base_sched, mb, m):
+        for label, cand in _baseline_candidates(search, base_sched, mb, m, judge):
             if isinstance(cand, str):
                 failed.setdefault(label, cand)
                 continue
@@ -950,6 +1003,15 @@ def _distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
 
 
 def _local_search(search: _Search, start: Scored, budget: int) -> Scored:
+    """First-improvement descent over :func:`_neighbours` from ``start``, for ``budget``
+    new neighbours. A neighbour whose bound cannot beat the current best is counted but
+    not simulated (:meth:`_Search.cannot_beat`): simulated it would not have been taken,
+    so the descent is the same, for fewer simulations.
+
+    Example::
+
+        better = _local_search(search, start, 24)
+    """
     best = start
     names = search.topology.device_names()
     n = search.profile.num_layers
@@ -973,7 +1035,10 @@ def _local_search(search: _Search, start: Scored, budget: int) -> Scored:
             if cand in search.cache:
                 scored = search.cache[cand]
             else:
-                spent += 1
+                # A candidate met before costs nothing (as when it was simulated then).
+                spent += cand not in search.bounded
+                if search.cannot_beat(cand, best):
+                    continue
                 scored = search.evaluate(cand, "local search")
             # Strictly better (fit, time, devices): ties on the plan itself are no progress.
             if scored.key()[:3] < best.key()[:3]:
@@ -1017,6 +1082,29 @@ def _interleaved(search: _Search, c: Candidate) -> list[Candidate]:
 
 
 def _recut(
+    search: _Search,
+    groups: Sequence[tuple[str, ...]],
+    schedule: str,
+    mb: int,
+    m: int,
+    virtual: int = 1,
+    *,
+    full: bool = True,
+) -> list[Candidate]:
+    """:func:`_cut_over` once per search for each set of arguments (a copy of the list).
+
+    Example::
+
+        _recut(search, [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
+    """
+    key = (tuple(groups), schedule, mb, m, virtual, full)
+    hit = search.recuts.get(key)
+    if hit is None:
+        hit = search.recuts[key] = _cut_over(search, groups, schedule, mb, m, virtual, full=full)
+    return list(hit)
+
+
+def _cut_over(
     search: _Search,
     groups: Sequence[tuple[str, ...]],
     schedule: str,
@@ -1233,10 +1321,11 @@ def _own_search(
                     cand = _make(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                     scored.append(search.evaluate(cand, "dp"))
                 grid.extend(_grid_shapes(search, cands, sched, mb, m))
-        scored.extend(_by_bound(search, grid, scored, "grid"))
+        starts = _LOCAL_STARTS if scale <= 2048 else 1
+        scored.extend(_by_bound(search, grid, scored, "grid", starts))
         if "interleaved" in schedules:
             chunked = _grid_interleaved(search, grid, scored)
-            scored.extend(_by_bound(search, chunked, scored, "grid interleaved"))
+            scored.extend(_by_bound(search, chunked, scored, "grid interleaved", starts))
         use_ilp = opts.use_ilp
         if use_ilp is None:
             use_ilp = not homogeneous
@@ -1247,10 +1336,10 @@ def _own_search(
             if from_ilp is not None:
                 scored.append(from_ilp)
         # Local search from the best few distinct plans (the best gets the full budget).
-        starts = _distinct_starts(scored, _LOCAL_STARTS if scale <= 2048 else 1)
-        if starts:
+        firsts = _distinct_starts(scored, starts)
+        if firsts:
             search.methods.append("local search")
-        for rank, start in enumerate(starts):
+        for rank, start in enumerate(firsts):
             budget = _local_budget(opts.local_search_evals, start)
             scored.append(_local_search(search, start, budget if rank == 0 else budget // 6))
     if not scored or not min(scored, key=Scored.key).fits:
@@ -1262,8 +1351,10 @@ def _own_search(
         count = _INTERLEAVED_SEEDS if scale <= 2048 else 1
         pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
         for seed in _distinct_starts(pipelines, count):
-            extra = _interleaved(search, seed.cand)
-            scored.extend(search.evaluate(e, "interleaved") for e in extra)
+            for e in _interleaved(search, seed.cand):
+                if not search.cannot_beat(e, best):
+                    scored.append(search.evaluate(e, "interleaved"))
+                    best = min(best, scored[-1], key=Scored.key)
     return scored
 
 
@@ -1317,7 +1408,12 @@ def _other_schedules(search: _Search, best: Scored, schedules: Sequence[str]) ->
             ranges = [r for r, _, _ in c.stages]
             groups = [d for _, d, _ in c.stages]
             extra = [_make(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)]
-        out.extend(search.evaluate(e, f"schedule {sched}") for e in extra)
+        # One that cannot beat the winner by its bound could change nothing.
+        out.extend(
+            search.evaluate(e, f"schedule {sched}")
+            for e in extra
+            if not search.cannot_beat(e, best)
+        )
     return out
 
 

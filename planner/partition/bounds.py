@@ -8,19 +8,24 @@ stage's gradients, tied ones excluded), after its compute for that stage and bef
 
     its microbatches' forward + backward + its stages' all-reduces + its stages' steps,
 
-which is :func:`busy_bound_ms`. In a pipeline a device of stage ``k`` also cannot start
-before the first microbatch has gone forward through stages ``0 .. k-1``, and after its
+which is :func:`busy_bound_ms`. In a pipeline a device also cannot start before the first
+microbatch has gone forward through the stages before its lowest stage ``k``, and after its
 last backward that microbatch's gradient still goes back through them
 (:func:`pipeline_bound_ms`):
 
-    head_k + its compute + max(tail_k, its all-reduce + step)
+    head_k + its compute + max(tail_k, all-reduce + step)
 
 with ``head_k`` (``tail_k``) the fastest replica's forward (backward, or its input half
-under zero-bubble) of each earlier stage. For equal stages under 1F1B that is exactly
-``(m + p - 1)(f + b)``. The searches visit candidates in the order of the largest of these
-and the simulator's own bound, and stop simulating once it cannot beat the best time
-found: with the all-reduce and the fill and drain left out, almost every candidate would
-get through.
+under zero-bubble) of each stage before ``k``. For equal stages under 1F1B that is exactly
+``(m + p - 1)(f + b)``. A device holding several stages (interleaved) is bounded the same
+way from its lowest stage: whichever backward it runs last (of a stage ``c >= k``), the
+gradient still has stages ``c - 1 .. 0`` ahead of it, and the all-reduces of its other
+stages, which the schedules run right after each stage's last backward there, come before
+it; so for ``p`` equal devices of ``v`` equal chunks the bound is
+``(m + (p - 1) / v)(f + b)``, the interleaved schedule's ideal.
+The searches visit candidates in the order of the largest of these and the simulator's own
+bound, and stop simulating once it cannot beat the best time found: with the all-reduce
+and the fill and drain left out, almost every candidate would get through.
 
 Example::
 
@@ -31,9 +36,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.cost import stage_param_bytes, stage_step_ms, stage_tied_parameters, stage_times
+from planner.cost import (
+    StageTimes,
+    stage_param_bytes,
+    stage_static_bytes,
+    stage_step_ms,
+    stage_tied_parameters,
+    stage_times,
+)
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule.families import family
@@ -41,7 +54,49 @@ from planner.schedule.families import family
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["busy_bound_ms", "pipeline_bound_ms", "search_bound_ms"]
+__all__ = ["busy_bound_ms", "overflows_memory", "pipeline_bound_ms", "search_bound_ms"]
+
+
+@dataclass(frozen=True)
+class _Share:
+    """What one device of a stage does in an iteration: ``count`` microbatches of
+    ``times`` each, then the stage's all-reduce (``reduce_ms``) and its step."""
+
+    device: str
+    count: int
+    times: StageTimes
+    reduce_ms: float
+    step_ms: float
+
+
+def _shares(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    num_microbatches: int,
+    microbatch_size: int,
+) -> list[list[_Share]]:
+    """Per stage, per device in its order: its share of the iteration (microbatch ``k``
+    of a stage with ``r`` replicas runs on replica ``k % r``). Replicas of one speed share
+    one :func:`~planner.cost.stage_times`."""
+    out = []
+    for st in stages:
+        r = len(st.devices)
+        reduce_ms = _allreduce_ms(profile, topology, st)
+        by_speed: dict[float, tuple[StageTimes, float]] = {}
+        row = []
+        for j, dev in enumerate(st.devices):
+            speed = topology.device(dev).speed if topology is not None else 1.0
+            hit = by_speed.get(speed)
+            if hit is None:
+                t = stage_times(
+                    profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
+                )
+                hit = by_speed[speed] = (t, stage_step_ms(profile, st.first, st.last, speed=speed))
+            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+            row.append(_Share(dev, count, hit[0], reduce_ms, hit[1]))
+        out.append(row)
+    return out
 
 
 def busy_bound_ms(
@@ -60,19 +115,16 @@ def busy_bound_ms(
 
         busy_bound_ms(profile, topology, parse_stages("0-3:gpu0,gpu1;4-7:gpu2"), 8, 4)
     """
+    return _busy(_shares(profile, topology, stages, num_microbatches, microbatch_size))
+
+
+def _busy(shares: Sequence[Sequence[_Share]]) -> float:
     busy: dict[str, float] = {}
-    for st in stages:
-        r = len(st.devices)
-        reduce_ms = _allreduce_ms(profile, topology, st)
-        for j, dev in enumerate(st.devices):
-            speed = topology.device(dev).speed if topology is not None else 1.0
-            t = stage_times(
-                profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
-            )
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
-            step = stage_step_ms(profile, st.first, st.last, speed=speed)
-            busy[dev] = busy.get(dev, 0.0) + count * (t.forward_ms + t.backward_ms)
-            busy[dev] += reduce_ms + step
+    for row in shares:
+        for sh in row:
+            t = sh.times
+            busy[sh.device] = busy.get(sh.device, 0.0) + sh.count * (t.forward_ms + t.backward_ms)
+            busy[sh.device] += sh.reduce_ms + sh.step_ms
     return max(busy.values(), default=0.0)
 
 
@@ -86,42 +138,87 @@ def pipeline_bound_ms(
     split_backward: bool = False,
 ) -> float:
     """The fill and drain of a flushing pipeline around each device's own work (see the
-    module docstring); 0.0 where a device holds several stages (interleaved).
+    module docstring), devices holding several stages (interleaved) included.
 
     Example::
 
         pipeline_bound_ms(profile, topology, parse_stages("0-3:gpu0;4-7:gpu1"), 8, 4)
     """
-    devices = [d for st in stages for d in st.devices]
-    if len(set(devices)) != len(devices):
-        return 0.0
-    head = tail = 0.0
+    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size)
+    return _piped(shares, split_backward)
+
+
+def _piped(shares: Sequence[Sequence[_Share]], split_backward: bool) -> float:
+    heads, tails = _heads_and_tails(shares, split_backward)
+    held: dict[str, list[tuple[int, _Share]]] = {}
+    for k, row in enumerate(shares):
+        for sh in row:
+            held.setdefault(sh.device, []).append((k, sh))
     bound = 0.0
-    for st in stages:
-        r = len(st.devices)
-        reduce_ms = _allreduce_ms(profile, topology, st)
-        fastest_f = fastest_back = float("inf")
-        for j, dev in enumerate(st.devices):
-            speed = topology.device(dev).speed if topology is not None else 1.0
-            t = stage_times(
-                profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
-            )
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
-            step = stage_step_ms(profile, st.first, st.last, speed=speed)
-            if split_backward:
-                through = count * (t.forward_ms + t.input_grad_ms)
-                done = max(through + tail, through + count * t.weight_grad_ms + reduce_ms + step)
-                back = t.input_grad_ms
-            else:
-                work = count * (t.forward_ms + t.backward_ms)
-                done = work + max(tail, reduce_ms + step)
-                back = t.backward_ms
-            bound = max(bound, head + done)
-            fastest_f = min(fastest_f, t.forward_ms)
-            fastest_back = min(fastest_back, back)
-        head += fastest_f
-        tail += fastest_back
+    for mine in held.values():
+        bound = max(bound, _device_bound(mine, heads, tails, split_backward))
     return bound
+
+
+def _heads_and_tails(
+    shares: Sequence[Sequence[_Share]], split_backward: bool
+) -> tuple[list[float], list[float]]:
+    """Per stage ``k``: the fastest forward through stages ``0 .. k-1`` (``heads[k]``) and
+    the fastest backward (input half under ``split_backward``) back through them."""
+    heads, tails = [0.0], [0.0]
+    for row in shares:
+        fastest_f = min(sh.times.forward_ms for sh in row)
+        if split_backward:
+            fastest_back = min(sh.times.input_grad_ms for sh in row)
+        else:
+            fastest_back = min(sh.times.backward_ms for sh in row)
+        heads.append(heads[-1] + fastest_f)
+        tails.append(tails[-1] + fastest_back)
+    return heads, tails
+
+
+def _device_bound(
+    mine: Sequence[tuple[int, _Share]],
+    heads: Sequence[float],
+    tails: Sequence[float],
+    split_backward: bool,
+) -> float:
+    """One device's end, at the earliest: ``mine`` are its (stage index, share) pairs in
+    stage order. Nothing starts before its lowest stage's head; its last backward (of any
+    of its stages ``c``) still has ``c``'s tail ahead; each stage's all-reduce follows
+    its last backward there, and its step that."""
+    lowest = mine[0][0]
+    head, tail = heads[lowest], tails[lowest]
+    if len(mine) == 1:
+        # One stage (the sums in this order, as bounds computed them before the general
+        # case existed: the same numbers to the bit).
+        sh = mine[0][1]
+        t = sh.times
+        if split_backward:
+            through = sh.count * (t.forward_ms + t.input_grad_ms)
+            done = max(
+                through + tail, through + sh.count * t.weight_grad_ms + sh.reduce_ms + sh.step_ms
+            )
+        else:
+            work = sh.count * (t.forward_ms + t.backward_ms)
+            done = work + max(tail, sh.reduce_ms + sh.step_ms)
+        return head + done
+    through = total = reduces = 0.0
+    for _, sh in mine:
+        t = sh.times
+        if split_backward:
+            through += sh.count * (t.forward_ms + t.input_grad_ms)
+        else:
+            through += sh.count * (t.forward_ms + t.backward_ms)
+        total += sh.count * (t.forward_ms + t.backward_ms) + sh.reduce_ms + sh.step_ms
+        reduces += sh.reduce_ms
+    if split_backward:
+        return head + max(through + tail, total)
+    # A stage's all-reduce runs right after its last backward on the device (as
+    # build_schedule orders it): all but that of the stage ``c`` whose backward comes last
+    # run before it, and after it come that all-reduce and step, and ``c``'s tail.
+    last = min(max(tails[k] - sh.reduce_ms, sh.step_ms) for k, sh in mine)
+    return head + max(through + reduces + last, total)
 
 
 def _allreduce_ms(profile: Profile, topology: Topology | None, st: StageSpec) -> float:
@@ -149,27 +246,24 @@ def search_bound_ms(
     microbatch_size: int,
 ) -> float:
     """A lower bound of the simulated iteration for a named schedule: the larger of
-    :func:`busy_bound_ms` and :func:`pipeline_bound_ms` (flushing schedules, a device per
-    stage), else of :func:`busy_bound_ms` and :func:`planner.simulate.lower_bound_ms`
-    (interleaved or 2bw, whose critical path that bound follows).
+    :func:`busy_bound_ms` and :func:`pipeline_bound_ms` (flushing schedules), and where a
+    device holds several stages (interleaved) of :func:`planner.simulate.lower_bound_ms`
+    too (one microbatch's critical path, transfers included); 2bw (no flush):
+    :func:`busy_bound_ms` and the simulator's bound.
 
     Example::
 
         search_bound_ms(profile, topology, stages, "1f1b", 8, 4)
     """
-    busy = busy_bound_ms(profile, topology, stages, num_microbatches, microbatch_size)
+    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size)
+    busy = _busy(shares)
     flush = family(schedule).flush
+    shared = len({d for st in stages for d in st.devices}) < sum(len(st.devices) for st in stages)
     if flush:
-        piped = pipeline_bound_ms(
-            profile,
-            topology,
-            stages,
-            num_microbatches,
-            microbatch_size,
-            split_backward=schedule == "zb",
-        )
-        if piped > 0.0:
+        piped = _piped(shares, split_backward=schedule == "zb")
+        if not shared and piped > 0.0:
             return max(busy, piped)
+        busy = max(busy, piped)
     from planner.simulate import lower_bound_ms
 
     plain = lower_bound_ms(
@@ -182,3 +276,25 @@ def search_bound_ms(
         split_backward=schedule == "zb",
     )
     return max(plain, busy)
+
+
+def overflows_memory(
+    profile: Profile, topology: Topology, stages: Sequence[StageSpec], schedule: str
+) -> bool:
+    """Whether some device's weights, gradients and optimizer state (with 2bw's second
+    weight version) alone exceed its memory. The simulator holds them throughout, so its
+    peak is never below them, and recompute does not shrink them: no recompute makes such
+    a plan fit, and simulating it can only say so.
+
+    Example::
+
+        overflows_memory(profile, topology, parse_stages("0-3:gpu0;4-7:gpu1"), "1f1b")
+    """
+    versions = family(schedule).weight_versions
+    held: dict[str, int] = {}
+    for st in stages:
+        per_device = stage_static_bytes(profile, st.first, st.last, replicas=len(st.devices))
+        per_device += (versions - 1) * stage_param_bytes(profile, st.first, st.last)
+        for d in st.devices:
+            held[d] = held.get(d, 0) + per_device
+    return any(b > topology.device(d).memory_bytes for d, b in held.items())

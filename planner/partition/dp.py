@@ -228,23 +228,6 @@ def _tables(costs: LayerCosts, slot: Slot, weight_versions: int, m: int) -> _Tab
     return hit
 
 
-def _matrices(
-    costs: LayerCosts,
-    slot: Slot,
-    in_flight: int,
-    weight_versions: int,
-    num_microbatches: int,
-    link_ms: Linear | None,
-    allow_recompute: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``C[i, j]``: per-microbatch cost of layers ``i..j`` as this stage (inf = does not fit)."""
-    table = _tables(costs, slot, weight_versions, num_microbatches)
-    cost, recompute = table.cost(in_flight, allow_recompute)
-    if link_ms is not None:
-        return cost + np.asarray(link_ms(costs.cut_bytes))[None, :], recompute
-    return cost.copy(), recompute  # the caller marks cells of its own copy
-
-
 def partition_chain(
     costs: LayerCosts,
     slots: Sequence[Slot],
@@ -271,34 +254,37 @@ def partition_chain(
     s_count = len(slots)
     if s_count == 0 or s_count > n:
         return None
+    # Stage k (of S) starts and ends within layers k .. n - S + k (every stage holds at
+    # least one layer), so only that square of its cost matrix is read: outside it every
+    # cell is infeasible or unreachable, and the first minimum in every reachable column is
+    # the same as over the whole matrix (the answers are identical to the full DP's).
     value = np.full(n, _INF)  # value[j]: best bottleneck of layers 0..j in k+1 stages
     choice: list[np.ndarray] = []
-    mats: list[tuple[np.ndarray, np.ndarray]] = []
+    mats: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
     for k, slot in enumerate(slots):
-        link = None
+        table = _tables(costs, slot, weight_versions, num_microbatches)
+        cost, rc = table.cost(in_flight[k], allow_recompute)
+        row = None
         if links is not None and k < s_count - 1:
-            link = links[k]
-        mat, rc = _matrices(
-            costs,
-            slot,
-            in_flight[k],
-            weight_versions,
-            num_microbatches,
-            link,
-            allow_recompute,
-        )
-        if k < s_count - 1:
-            mat[:, n - 1] = _INF  # a middle stage cannot end at the last layer
-        mats.append((mat, rc))
+            row = np.asarray(links[k](costs.cut_bytes))
+        mats.append((cost, rc, row))
+        lo, hi = k, n - s_count + k + 1  # rows and columns lo .. hi - 1
+        sub = cost[lo:hi, lo:hi]
+        if row is not None:
+            sub = sub + row[None, lo:hi]
         if k == 0:
-            value = mat[0].copy()
+            value = np.full(n, _INF)
+            value[lo:hi] = sub[0]
             choice.append(np.zeros(n, dtype=int))
             continue
-        prev = np.concatenate([[_INF], value[:-1]])  # prev[i] = value[i - 1]
-        combined = np.maximum(prev[:, None], mat)
+        prev = value[lo - 1 : hi - 1]  # prev[i - lo] = value[i - 1]
+        combined = np.maximum(prev[:, None], sub)
         best = np.argmin(combined, axis=0)  # first minimum: deterministic
-        value = combined[best, np.arange(n)]
-        choice.append(best)
+        value = np.full(n, _INF)
+        value[lo:hi] = combined[best, np.arange(hi - lo)]
+        picked = np.zeros(n, dtype=int)
+        picked[lo:hi] = best + lo
+        choice.append(picked)
     if not np.isfinite(value[n - 1]):
         return None
     ranges: list[tuple[int, int]] = []
@@ -310,9 +296,9 @@ def partition_chain(
     ranges.reverse()
     recompute = []
     stage_ms = []
-    for k, (a, b) in enumerate(ranges):
-        recompute.append(bool(mats[k][1][a, b]))
-        stage_ms.append(float(mats[k][0][a, b]))
+    for (a, b), (cost, rc, row) in zip(ranges, mats, strict=True):
+        recompute.append(bool(rc[a, b]))
+        stage_ms.append(float(cost[a, b] + row[b]) if row is not None else float(cost[a, b]))
     return ChainPartition(
         ranges=ranges,
         recompute=recompute,

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -139,13 +140,7 @@ def slots_along(topology: Topology, path: Sequence[str], *, replicas: int = 1) -
     for k in range(len(path) // replicas):
         group = tuple(path[k * replicas : (k + 1) * replicas])
         devs = [topology.device(n) for n in group]
-        allreduce = None
-        if len(group) > 1:
-
-            def ring(nbytes: float, g: tuple[str, ...] = group) -> float:
-                return topology.allreduce_ms(list(g), nbytes)
-
-            allreduce = Linear.fit(ring)
+        allreduce = _ring_line(topology, group) if len(group) > 1 else None
         slots.append(
             Slot(
                 devices=group,
@@ -155,6 +150,14 @@ def slots_along(topology: Topology, path: Sequence[str], *, replicas: int = 1) -
             )
         )
     return slots
+
+
+@functools.lru_cache(maxsize=4096)
+def _ring_line(topology: Topology, group: tuple[str, ...]) -> Linear:
+    # The search cuts the same paths into the same groups again and again (every schedule,
+    # depth and re-cut); the ring's routes are the costly part. (Topologies compare by
+    # identity, so a cached entry never outlives its topology's use.)
+    return Linear.fit(lambda nbytes: topology.allreduce_ms(list(group), nbytes))
 
 
 def links_between(topology: Topology | None, slots: Sequence[Slot]) -> list[Linear]:

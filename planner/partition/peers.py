@@ -41,7 +41,9 @@ Simulating every configuration is avoided exactly: configurations are visited in
 of a lower bound per sample (:func:`planner.partition.bounds.search_bound_ms`: the
 simulator's bound, or the busiest device's compute + all-reduce + step, whichever is
 larger), and a peer's search stops at the first whose bound is no better than the best
-time found; the answer is the same as simulating all of them.
+time found; one whose weights, gradients and optimizer state alone overflow a device is
+passed over (:func:`planner.partition.bounds.overflows_memory`); the answer is the same
+as simulating all of them.
 
 Example::
 
@@ -84,6 +86,12 @@ Setting = tuple[int, int]
 
 # Virtual stages per device tried for interleaved schedules.
 _VIRTUAL = (2, 3, 4)
+# The peer defaults with one stage per device: their labels and partition methods.
+_DEFAULTS = (
+    ("uniform", "uniform"),
+    ("parameter-balanced", "parameters"),
+    ("time-balanced", "balance_by_time"),
+)
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,53 @@ class PeerJudge:
     simulator: Callable[[PeerConfig], tuple[float, bool]] | None = None
     cache: dict[PeerConfig, PeerRun] = field(default_factory=dict)
     simulations: int = 0
+    # PipeDream's stages per microbatch size, or why it has none: its DP is the costliest
+    # partitioner, and both its sweep and the peer defaults ask for them.
+    pipedream: dict[int, list[tuple[int, int, int]] | str] = field(default_factory=dict)
+    # Each named partition by (method, microbatch size, stages), or why it has none: every
+    # schedule and number of microbatches of a depth asks for the same one.
+    partitions: dict[tuple[str, int, int], Ranges | str] = field(default_factory=dict)
+    # Bounds per sample by what they depend on (stages, recompute, schedule, batch).
+    bounds: dict[tuple[object, ...], float] = field(default_factory=dict)
+
+    def partition(self, method: str, microbatch_size: int, chunks: int) -> Ranges | str:
+        """``chunks`` contiguous ranges by the named method, or the reason it gives none
+        (computed once per arguments).
+
+        Example::
+
+            judge.partition("parameters", 4, 8)   # [(0, 2), (3, 5), ...]
+        """
+        key = (method, microbatch_size, chunks)
+        hit = self.partitions.get(key)
+        if hit is None:
+            try:
+                hit = _partition(self.profile, method, microbatch_size, chunks)
+            except InputError as exc:
+                hit = str(exc)
+            self.partitions[key] = hit
+        return hit
+
+    def pipedream_stages(self, microbatch_size: int) -> list[tuple[int, int, int]] | str:
+        """PipeDream's ``(first, last, replicas)`` stages on this topology (its levels from
+        :func:`pipedream_levels`), or the reason it gives none; computed once per size.
+
+        Example::
+
+            judge.pipedream_stages(4)   # [(0, 9, 3), (10, 11, 1)]
+        """
+        hit = self.pipedream.get(microbatch_size)
+        if hit is None:
+            from planner.partition import baselines as bl
+
+            try:
+                hit = bl.pipedream_partition(
+                    self.profile, microbatch_size, pipedream_levels(self.topology)
+                )
+            except InputError as exc:
+                hit = str(exc)
+            self.pipedream[microbatch_size] = hit
+        return hit
 
     def run(self, config: PeerConfig) -> PeerRun:
         """Simulate ``config``; a shape the schedule cannot run is an infeasible run."""
@@ -255,18 +310,37 @@ class PeerJudge:
 
     def bound_per_sample(self, config: PeerConfig) -> float:
         """A lower bound of ``config``'s simulated time, per sample
-        (:func:`planner.partition.bounds.search_bound_ms`)."""
+        (:func:`planner.partition.bounds.search_bound_ms`); peers whose configurations
+        coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
         from planner.partition.bounds import search_bound_ms
 
-        bound = search_bound_ms(
-            self.profile,
-            self.topology,
-            config.specs(),
+        key = (
+            config.stages,
+            config.recompute,
             config.schedule,
             config.num_microbatches,
             config.microbatch_size,
         )
-        return bound / config.samples
+        hit = self.bounds.get(key)
+        if hit is None:
+            bound = search_bound_ms(
+                self.profile,
+                self.topology,
+                config.specs(),
+                config.schedule,
+                config.num_microbatches,
+                config.microbatch_size,
+            )
+            hit = self.bounds[key] = bound / config.samples
+        return hit
+
+    def overflows(self, config: PeerConfig) -> bool:
+        """Whether ``config`` cannot fit with or without recompute: a device's weights,
+        gradients and optimizer state alone exceed its memory
+        (:func:`planner.partition.bounds.overflows_memory`); nothing to simulate."""
+        from planner.partition.bounds import overflows_memory
+
+        return overflows_memory(self.profile, self.topology, config.specs(), config.schedule)
 
     def settle(self, config: PeerConfig) -> PeerRun:
         """Without recompute, or with recompute on every stage where memory needs it."""
@@ -355,40 +429,37 @@ def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
 
 
 def default_outcomes(
-    profile: Profile, topology: Topology, microbatch_size: int
+    profile: Profile,
+    topology: Topology,
+    microbatch_size: int,
+    *,
+    judge: PeerJudge | None = None,
 ) -> list[tuple[str, Ranges, list[int], str | None]]:
     """The peer defaults as ``(name, ranges, replicas, reason)``: DeepSpeed uniform and
     parameters and torchgpipe on ``min(layers, devices)`` stages, one device each, and
     PipeDream's own stages and replicas. ``ranges`` is empty and ``reason`` says why where
     the algorithm itself gives no partition (torchgpipe on zero-time layers, PipeDream's
-    memory constraint).
+    memory constraint). ``judge`` (of the same profile and topology) shares the partitions
+    with the peers' sweep.
 
     Example::
 
         for name, ranges, replicas, reason in default_outcomes(profile, topology, 4): ...
     """
-    from planner.partition import baselines as bl
-
-    n = profile.num_layers
-    s = min(n, len(topology.devices))
-    out: list[tuple[str, Ranges, list[int], str | None]] = [
-        ("uniform", list(bl.uniform_partition(n, s)), [1] * s, None),
-        ("parameter-balanced", list(bl.parameter_balanced_partition(profile, s)), [1] * s, None),
-    ]
-    try:
-        timed = list(bl.time_balanced_partition(profile, microbatch_size, s))
-        out.append(("time-balanced", timed, [1] * s, None))
-    except InputError as exc:
-        out.append(("time-balanced", [], [], str(exc)))
-    try:
-        stages = bl.pipedream_partition(profile, microbatch_size, pipedream_levels(topology))
-    except InputError as exc:
-        out.append(("pipedream", [], [], str(exc)))
-    else:
-        if stages:
-            out.append(
-                ("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None)
-            )
+    judge = judge or PeerJudge(profile, topology)
+    s = min(profile.num_layers, len(topology.devices))
+    out: list[tuple[str, Ranges, list[int], str | None]] = []
+    for label, method in _DEFAULTS:
+        ranges = judge.partition(method, microbatch_size, s)
+        if isinstance(ranges, str):
+            out.append((label, [], [], ranges))
+        else:
+            out.append((label, list(ranges), [1] * s, None))
+    stages = judge.pipedream_stages(microbatch_size)
+    if isinstance(stages, str):
+        out.append(("pipedream", [], [], stages))
+    elif stages:
+        out.append(("pipedream", [(a, b) for a, b, _ in stages], [r for _, _, r in stages], None))
     return out
 
 
@@ -396,17 +467,13 @@ def default_outcomes(
 
 
 def _pipedream_configs(
-    peer: Peer, profile: Profile, topology: Topology, settings: Sequence[Setting]
+    peer: Peer, judge: PeerJudge, settings: Sequence[Setting]
 ) -> Iterator[PeerConfig | str]:
-    from planner.partition import baselines as bl
-
-    names = topology.device_names()
-    levels = pipedream_levels(topology)
+    names = judge.topology.device_names()
     for mb, m in settings:
-        try:
-            stages = bl.pipedream_partition(profile, mb, levels)
-        except InputError as exc:
-            yield str(exc)
+        stages = judge.pipedream_stages(mb)
+        if isinstance(stages, str):
+            yield stages
             continue
         groups, pos = [], 0
         for _, _, r in stages:
@@ -422,18 +489,25 @@ def _pipedream_configs(
 
 
 def peer_configurations(
-    peer: Peer, profile: Profile, topology: Topology, settings: Sequence[Setting]
+    peer: Peer,
+    profile: Profile,
+    topology: Topology,
+    settings: Sequence[Setting],
+    *,
+    judge: PeerJudge | None = None,
 ) -> Iterator[PeerConfig | str]:
     """Every configuration ``peer``'s users could run here; a string says why a
     (depth, partition) has none (its algorithm fails, layers do not divide, ...).
+    ``judge`` (of the same profile and topology) keeps the partitions for reuse.
 
     Example::
 
         configs = [c for c in peer_configurations(PEERS[0], profile, topology, [(4, 16)])
                    if isinstance(c, PeerConfig)]
     """
+    judge = judge or PeerJudge(profile, topology)
     if peer.partitions == ("pipedream",):
-        yield from _pipedream_configs(peer, profile, topology, settings)
+        yield from _pipedream_configs(peer, judge, settings)
         return
     names = topology.device_names()
     n = profile.num_layers
@@ -449,10 +523,9 @@ def peer_configurations(
             for method in peer.partitions:
                 for sched in peer.schedules:
                     for v in _virtual_counts(sched, depth, n):
-                        try:
-                            ranges = _partition(profile, method, mb, depth * v)
-                        except InputError as exc:
-                            yield f"{method} on {depth * v} stages: {exc}"
+                        ranges = judge.partition(method, mb, depth * v)
+                        if isinstance(ranges, str):
+                            yield f"{method} on {depth * v} stages: {ranges}"
                             continue
                         placed = tuple((r, groups[k % depth]) for k, r in enumerate(ranges))
                         yield PeerConfig(
@@ -473,7 +546,9 @@ def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:
 
 def _best_of(judge: PeerJudge, configs: Sequence[PeerConfig]) -> tuple[PeerRun | None, int]:
     """The fastest feasible run per sample, visiting configurations by lower bound and
-    stopping where the bound cannot beat the best found (ties: the earlier configuration)."""
+    stopping where the bound cannot beat the best found (ties: the earlier configuration);
+    one whose static memory overflows a device is passed over unsimulated (it cannot fit).
+    Also how many were simulated (or found simulated)."""
     ranked = sorted(
         ((judge.bound_per_sample(c), i, c) for i, c in enumerate(configs)),
         key=lambda x: (x[0], x[1]),
@@ -484,6 +559,8 @@ def _best_of(judge: PeerJudge, configs: Sequence[PeerConfig]) -> tuple[PeerRun |
     for bound, index, config in ranked:
         if best is not None and bound >= best.per_sample_ms:
             break
+        if judge.overflows(config):
+            continue
         simulated += 1
         run = judge.settle(config)
         if run.feasible and (run.per_sample_ms, index) < best_key:
@@ -518,7 +595,7 @@ def tune_peers(
             peer = Peer(peer.name, peer.partitions, tuple(schedules), peer.layout)
         configs: list[PeerConfig] = []
         reasons: list[str] = []
-        for c in peer_configurations(peer, profile, topology, settings):
+        for c in peer_configurations(peer, profile, topology, settings, judge=judge):
             if isinstance(c, str):
                 reasons.append(c)
             else:

@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,10 @@ def lower_bound_ms(
     if not flush:
         return bound
     path_max = 0.0
-    for k in range(min(num_microbatches, 64)):
+    # Microbatch k takes replica k % r of each stage: the paths repeat with the least
+    # common multiple of the replica counts, so later ones change nothing.
+    period = math.lcm(*(len(st.devices) for st in stages))
+    for k in range(min(num_microbatches, 64, period)):
         devs = [st.replica(k) for st in stages]
         # Forward down the pipeline, then the (input-)gradient back up.
         down = 0.0

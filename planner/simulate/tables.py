@@ -106,16 +106,18 @@ def compute_times(
     """
     times = {}
     for st in stages:
+        # Replicas of one speed share their times (many replicas: computed once).
+        by_speed: dict[float, tuple[float, float, float, float]] = {}
         for dev in st.devices:
-            t = stage_times(
-                profile,
-                st.first,
-                st.last,
-                microbatch_size,
-                speed=speed(topology, dev),
-                recompute=st.recompute,
-            )
-            times[(st.id, dev)] = (t.forward_ms, t.backward_ms, t.input_grad_ms, t.weight_grad_ms)
+            v = speed(topology, dev)
+            row = by_speed.get(v)
+            if row is None:
+                t = stage_times(
+                    profile, st.first, st.last, microbatch_size, speed=v, recompute=st.recompute
+                )
+                row = (t.forward_ms, t.backward_ms, t.input_grad_ms, t.weight_grad_ms)
+                by_speed[v] = row
+            times[(st.id, dev)] = row
     # Bytes entering stage s from stage s-1 (activations forward, gradients backward).
     cut = [0] + [boundary_bytes(profile, st.first - 1, microbatch_size) for st in stages[1:]]
     return times, cut
@@ -137,11 +139,15 @@ def step_table(
         step_table(profile, topology, stages, None)    # {(0, 'gpu0'): 0.8, (1, 'gpu1'): 0.7}
     """
     if step_ms is None:
-        return {
-            (st.id, d): stage_step_ms(profile, st.first, st.last, speed=speed(topology, d))
-            for st in stages
-            for d in st.devices
-        }
+        out: dict[tuple[int, str], float] = {}
+        for st in stages:
+            by_speed: dict[float, float] = {}  # replicas of one speed: computed once
+            for d in st.devices:
+                v = speed(topology, d)
+                if v not in by_speed:
+                    by_speed[v] = stage_step_ms(profile, st.first, st.last, speed=v)
+                out[(st.id, d)] = by_speed[v]
+        return out
     if isinstance(step_ms, int | float):
         given = [float(step_ms)] * len(stages)
     else:
