@@ -223,7 +223,8 @@ def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     searched one and a hand-picked deep one, both equal to single-process training."""
     from planner.cost import synthetic_profile
     from planner.schedule import schedule_from_order
-    from planner.schedule.optimized import family_order, optimized_schedule
+    from planner.schedule.order_family import family_order
+    from planner.simulate import optimized_schedule
 
     stages = parse_stages("0-1:cpu0;2-3:cpu1;4:cpu2")
     m = 4

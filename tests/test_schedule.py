@@ -16,7 +16,7 @@ from planner.schedule import (
     in_flight_microbatches,
     validate_schedule,
 )
-from planner.simulate import STREAM_ITERATIONS, simulate
+from planner.simulate import STREAM_ITERATIONS, optimized_schedule, simulate
 
 # Binary fractions keep every sum exact, so the closed forms can be compared with ==.
 F, BI, BW = 0.5, 1.25, 0.75
@@ -87,8 +87,10 @@ def test_every_generator_output_passes_the_full_validator() -> None:
         stages = parse_stages(text)
         names = ["interleaved"] if kw else [n for n in SCHEDULES if n != "interleaved"]
         for name in names:
-            extra = {"profile": prof, "microbatch_size": 1} if name == "optimized" else {}
-            sched = build_schedule(name, stages, 8, **kw, **extra)
+            if name == "optimized":
+                sched = optimized_schedule(stages, 8, profile=prof, microbatch_size=1)
+            else:
+                sched = build_schedule(name, stages, 8, **kw)
             validate_schedule(sched, stages)
             again = Schedule.from_dict(sched.to_dict())
             validate_schedule(again, stages)

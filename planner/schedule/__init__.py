@@ -37,6 +37,7 @@ __all__ = [
     "Schedule",
     "as_stream",
     "build_schedule",
+    "checked_virtual_stages",
     "device_groups",
     "family",
     "in_flight_microbatches",
@@ -121,18 +122,51 @@ def build_schedule(
     *,
     virtual_stages: int = 1,
     iterations: int = 1,
-    **kw: Any,
 ) -> Schedule:
     """Generate and validate the named schedule for a partition.
 
-    ``iterations > 1`` concatenates iterations (2bw: without a flush). ``"optimized"``
-    needs ``profile=`` and ``microbatch_size=`` (and takes ``topology=``,
-    ``memory_limits=``) because it searches by simulating.
+    ``iterations > 1`` concatenates iterations (2bw: without a flush). ``"optimized"`` is
+    searched by simulating candidates, which this layer cannot do: it is
+    :func:`planner.simulate.order_search.optimized_schedule`'s (and ``simulate(...,
+    "optimized")``'s).
 
     Example::
 
         build_schedule("zb", stages, 8)
         build_schedule("interleaved", stages, 8)   # stages: p*v chunks, s on group s % p
+    """
+    m = num_microbatches
+    v = checked_virtual_stages(name, stages, m, virtual_stages)
+    p = len(stages)
+    if family(name).searched:
+        raise InputError(
+            f"the {name} schedule is searched by simulating; build it with "
+            "planner.simulate.order_search.optimized_schedule",
+            field="schedule",
+        )
+    groups = tuple(tuple(st.devices) for st in stages)
+    order = _validated_order(name, m, v, iterations, groups)
+    return Schedule(
+        name,
+        p,
+        m,
+        virtual_stages=v,
+        flush=family(name).flush,
+        iterations=iterations,
+        order=order,
+        stages=stages,
+    )
+
+
+def checked_virtual_stages(
+    name: str, stages: Sequence[StageSpec], num_microbatches: int, virtual_stages: int = 1
+) -> int:
+    """Check a schedule's name, microbatch count and replicas; the virtual stages it uses.
+
+    Example::
+
+        checked_virtual_stages("interleaved", stages, 8, 2)   # 2
+        checked_virtual_stages("1f1b", stages, 8)             # 1
     """
     if name not in SCHEDULES:
         raise InputError(
@@ -150,7 +184,6 @@ def build_schedule(
                 "microbatches; every replica needs at least one",
                 field="num_microbatches",
             )
-    p = len(stages)
     v = 1
     if name == "interleaved":
         v = _virtual_stages(stages, virtual_stages)
@@ -159,22 +192,7 @@ def build_schedule(
             f"virtual stages are only used by the interleaved schedule, not {name!r}",
             field="virtual_stages",
         )
-    if not family(name).searched:
-        groups = tuple(tuple(st.devices) for st in stages)
-        order = _validated_order(name, m, v, iterations, groups)
-        return Schedule(
-            name,
-            p,
-            m,
-            virtual_stages=v,
-            flush=family(name).flush,
-            iterations=iterations,
-            order=order,
-            stages=stages,
-        )
-    from planner.schedule.optimized import optimized_schedule
-
-    return optimized_schedule(stages, m, **kw)
+    return v
 
 
 @functools.lru_cache(maxsize=64)

@@ -44,8 +44,10 @@ How it is computed (one concept per module):
 * ``shapes``: compiled programs per schedule shape, and the bounded cache of them;
 * ``totals``: peaks and busy times, which follow from program order alone;
 * ``timing``: :func:`simulate_schedule` (tables, shape, engine, result; its ``engine=``
-  option picks the engine); ``iteration``: :func:`simulate`; ``result``: :class:`SimResult`
-  and its events; ``bounds``: :func:`lower_bound_ms`. A plan from a simulation is
+  option picks the engine); ``order_search``: :func:`optimized_schedule`, the search of
+  warm-up depths and W deferral that simulates its candidates; ``iteration``:
+  :func:`simulate`; ``result``: :class:`SimResult` and its events; ``bounds``:
+  :func:`lower_bound_ms`. A plan from a simulation is
   :func:`planner.plan.plan_from_simulation`'s.
 
 Example::
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 from planner.simulate.bounds import lower_bound_ms
 from planner.simulate.iteration import STREAM_ITERATIONS, simulate
+from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimEvent, SimResult, TransferEvent
 from planner.simulate.tables import overflow_agreement_ms, tied_exchange_ms
 from planner.simulate.timing import ENGINES, Engine, simulate_schedule
@@ -70,6 +73,7 @@ __all__ = [
     "SimResult",
     "TransferEvent",
     "lower_bound_ms",
+    "optimized_schedule",
     "overflow_agreement_ms",
     "simulate",
     "simulate_schedule",

@@ -17,8 +17,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.profile.schema import Profile, as_profile
-from planner.schedule import Schedule, as_stream, build_schedule, family, validate_schedule
+from planner.schedule import (
+    Schedule,
+    as_stream,
+    build_schedule,
+    checked_virtual_stages,
+    family,
+    validate_schedule,
+)
 from planner.simulate.bounds import lower_bound_ms
+from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimResult, bubble
 from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
 from planner.stages import StageSpec, as_stages, validate_stages
@@ -133,11 +141,10 @@ def _build(
     """The named schedule (the optimized one searches by simulating)."""
     if not family(name).searched:
         return build_schedule(name, stages, num_microbatches, virtual_stages=virtual_stages)
-    return build_schedule(
-        name,
+    checked_virtual_stages(name, stages, num_microbatches, virtual_stages)
+    return optimized_schedule(
         stages,
         num_microbatches,
-        virtual_stages=virtual_stages,
         profile=profile,
         topology=topology,
         microbatch_size=microbatch_size,
