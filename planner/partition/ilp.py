@@ -103,17 +103,55 @@ def solve_ilp(
     with warnings.catch_warnings():
         # PuLP 3 announces API changes for PuLP 4 on every variable; they are not ours to fix.
         warnings.simplefilter("ignore", DeprecationWarning)
-        return _solve(
-            costs,
-            topology,
-            num_stages=num_stages,
-            in_flight=in_flight,
-            num_microbatches=num_microbatches,
-            devices=devices,
-            weight_versions=weight_versions,
-            time_limit=time_limit,
-            warm_start=warm_start,
-        )
+        import pulp
+
+        start_clock = time.perf_counter()
+        n = costs.num_layers
+        names = list(devices) if devices is not None else topology.device_names()
+        if num_stages < 1 or num_stages > n or num_stages > len(names):
+            return IlpResult(None, None, None, None, None, "Infeasible", None, 0.0)
+        k = _coefficients(costs, topology, names, in_flight, num_microbatches, weight_versions)
+        prob = pulp.LpProblem("pipeplan_partition_mapping", pulp.LpMinimize)
+        v = _variables(pulp, n, num_stages, len(names))
+        prob += (k.m - 1) * v.bott + pulp.lpSum(v.t[s] + v.c[s] for s in range(num_stages))
+        for s in range(num_stages):
+            _stage_constraints(pulp, prob, v, k, s, num_stages)
+        classes = _global_constraints(pulp, prob, v, k, num_stages, topology)
+        if warm_start is not None:
+            ranges, warm_devs, flags = warm_start
+            warm_start = (ranges, _canonical(list(warm_devs), classes, names), flags)
+            _apply_warm_start(warm_start, names, v.u, v.y, v.rc, n, num_stages)
+        log = _run_cbc(pulp, prob, time_limit, warm_start is not None)
+        return _result(pulp, prob, v, names, n, num_stages, log, time.perf_counter() - start_clock)
+
+
+def _result(
+    pulp: Any,
+    prob: Any,
+    v: _Variables,
+    names: list[str],
+    n: int,
+    num_stages: int,
+    log: str,
+    seconds: float,
+) -> IlpResult:
+    """What CBC found: the plan, its objective, the bound from CBC's log and the gap."""
+    status = pulp.LpStatus[prob.status]
+    has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if not has_solution:
+        return IlpResult(None, None, None, None, None, status, None, seconds)
+    ranges, chosen, flags = _read_solution(v.u, v.y, v.rc, names, n, num_stages)
+    objective = float(pulp.value(prob.objective))
+    _, bound = _parse_cbc_log(log)
+    if prob.sol_status == pulp.LpSolutionOptimal:
+        bound = objective
+        status = "Optimal"
+    else:
+        status = "Feasible (time limit)"
+    gap = None
+    if bound is not None and objective > 0:
+        gap = max(0.0, (objective - bound) / objective)
+    return IlpResult(ranges, chosen, flags, objective, bound, status, gap, seconds)
 
 
 @dataclass
@@ -321,57 +359,6 @@ def _run_cbc(pulp: Any, prob: Any, time_limit: float, warm: bool) -> str:
             return handle.read()
     finally:
         os.unlink(log_path)
-
-
-def _solve(
-    costs: LayerCosts,
-    topology: Topology,
-    *,
-    num_stages: int,
-    in_flight: Sequence[int],
-    num_microbatches: int,
-    devices: Sequence[str] | None = None,
-    weight_versions: int = 1,
-    time_limit: float = 60.0,
-    warm_start: tuple[Sequence[tuple[int, int]], Sequence[str], Sequence[bool]] | None = None,
-) -> IlpResult:
-    import pulp
-
-    start_clock = time.perf_counter()
-    n = costs.num_layers
-    names = list(devices) if devices is not None else topology.device_names()
-    s_count = num_stages
-    if s_count < 1 or s_count > n or s_count > len(names):
-        return IlpResult(None, None, None, None, None, "Infeasible", None, 0.0)
-    k = _coefficients(costs, topology, names, in_flight, num_microbatches, weight_versions)
-    prob = pulp.LpProblem("pipeplan_partition_mapping", pulp.LpMinimize)
-    v = _variables(pulp, n, s_count, len(names))
-    prob += (k.m - 1) * v.bott + pulp.lpSum(v.t[s] + v.c[s] for s in range(s_count))
-    for s in range(s_count):
-        _stage_constraints(pulp, prob, v, k, s, s_count)
-    classes = _global_constraints(pulp, prob, v, k, s_count, topology)
-    if warm_start is not None:
-        ranges, warm_devs, flags = warm_start
-        warm_start = (ranges, _canonical(list(warm_devs), classes, names), flags)
-        _apply_warm_start(warm_start, names, v.u, v.y, v.rc, n, s_count)
-    log = _run_cbc(pulp, prob, time_limit, warm_start is not None)
-    seconds = time.perf_counter() - start_clock
-    status = pulp.LpStatus[prob.status]
-    has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    if not has_solution:
-        return IlpResult(None, None, None, None, None, status, None, seconds)
-    ranges, chosen, flags = _read_solution(v.u, v.y, v.rc, names, n, s_count)
-    objective = float(pulp.value(prob.objective))
-    _, bound = _parse_cbc_log(log)
-    if prob.sol_status == pulp.LpSolutionOptimal:
-        bound = objective
-        status = "Optimal"
-    else:
-        status = "Feasible (time limit)"
-    gap = None
-    if bound is not None and objective > 0:
-        gap = max(0.0, (objective - bound) / objective)
-    return IlpResult(ranges, chosen, flags, objective, bound, status, gap, seconds)
 
 
 def _interchangeable(topology: Topology, names: list[str]) -> list[list[int]]:

@@ -416,6 +416,9 @@ def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement:
     )
 
 
+# run_this_rank takes run_plan's keywords (less device_map and optimizer, which torchrun's
+# per-rank processes read from the plan): written out, not **kwargs, so a misspelt option
+# is an error.
 def run_this_rank(
     plan_path: str | os.PathLike[str],
     model_path: str | os.PathLike[str],

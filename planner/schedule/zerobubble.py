@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 from planner.schedule.expand import ComputeOp
+from planner.schedule.order_family import family_order
 
 __all__ = ["zb_order"]
 
@@ -26,20 +27,7 @@ def zb_order(num_stages: int, num_microbatches: int) -> dict[int, list[ComputeOp
 
         zb_order(2, 2)[1]   # F1.0 I1.0 F1.1 I1.1 W1.0 W1.1
     """
-    p, m = num_stages, num_microbatches
-    order: dict[int, list[ComputeOp]] = {}
-    for s in range(p):
-        warm = min(p - s, m)
-        ops: list[ComputeOp] = [("F", s, k) for k in range(warm)]
-        next_f, next_w = warm, 0
-        for j in range(m):
-            ops.append(("I", s, j))
-            if j - s >= 0:
-                ops.append(("W", s, j - s))
-                next_w += 1
-            if next_f < m:
-                ops.append(("F", s, next_f))
-                next_f += 1
-        ops.extend(("W", s, k) for k in range(next_w, m))
-        order[s] = ops
-    return order
+    p = num_stages
+    # ZB-H1 is the member of the optimized schedule's family with 1F1B's warm-up depths and
+    # stage s deferring s weight passes.
+    return family_order(num_microbatches, [p - s for s in range(p)], list(range(p)))
