@@ -34,7 +34,8 @@ from typing import Any
 from planner.partition.dp import Slot, layer_costs, partition_chain, partition_chain_depths
 from planner.partition.ilp import solve_ilp
 from planner.profile import Layer, LayerTiming, Measurement, Profile, load_profile
-from planner.solve import SolveOptions, _in_flight, baseline_partitions, solve
+from planner.solve import SolveOptions, baseline_partitions, solve
+from planner.solve.memory import in_flight as stashed
 from planner.topology import Topology, topology_from_dict, uniform_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def time_dp(profile: Profile, topo: Topology, m: int) -> dict[str, Any]:
     costs = layer_costs(profile, 1)
     d = len(topo.devices)
     slot = Slot(("gpu",), 1.0, float(topo.devices[0].memory_bytes))
-    from_end = [_in_flight("1f1b", d, d - 1 - q, m) for q in range(d)]
+    from_end = [stashed("1f1b", d, d - 1 - q, m) for q in range(d)]
     parts = partition_chain_depths(
         costs, slot, max_stages=d, in_flight_from_end=from_end, num_microbatches=m
     )
@@ -122,7 +123,7 @@ def time_ilp(profile: Profile, topo: Topology, stages: int, m: int) -> dict[str,
     # Warm start: the DP's partition over the strongest devices first.
     order = sorted(topo.devices, key=lambda d: -d.speed)
     slots = [Slot((d.name,), d.speed, float(d.memory_bytes)) for d in order[:stages]]
-    in_flight = [_in_flight("1f1b", stages, k, m) for k in range(stages)]
+    in_flight = [stashed("1f1b", stages, k, m) for k in range(stages)]
     part = partition_chain(costs, slots, in_flight=in_flight, num_microbatches=m)
     warm = None
     if part is not None:

@@ -1,0 +1,99 @@
+""":func:`solve`, the entry point: the arguments checked, pipeplan's own search, the peers
+simulated and their plans as seeds, the best plan that fits returned as a
+:class:`~planner.plan.Plan` (or an :class:`InfeasibleError` saying what memory is missing).
+
+Example::
+
+    plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", microbatches=8)
+    plan.predicted.iteration_ms, [s.layers for s in plan.stages]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from planner.errors import InputError
+from planner.plan import Plan
+from planner.profile.schema import Profile, as_profile
+from planner.solve.arguments import batch_settings, check_args
+from planner.solve.candidate import Scored
+from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
+from planner.solve.options import AUTO_SCHEDULES, SolveOptions
+from planner.solve.own_search import own_search
+from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
+from planner.solve.search import Search
+from planner.solve.to_plan import to_plan
+from planner.topology import Topology, as_topology
+
+__all__ = ["solve"]
+
+
+def solve(
+    profile: Profile | str | os.PathLike[str],
+    topology: Topology | str | os.PathLike[str],
+    *,
+    global_batch: int | None = None,
+    microbatches: int | None = None,
+    num_microbatches: int | None = None,
+    schedule: str = "auto",
+    time_limit: float = 60.0,
+    profile_path: str | None = None,
+    topology_path: str | None = None,
+    options: SolveOptions | None = None,
+) -> Plan:
+    """The fastest plan (by the simulator) whose every device fits in its memory.
+
+    ``global_batch`` fixes the samples per iteration (the microbatch size is searched over
+    the profiled sizes that divide it); ``microbatches`` fixes the number of microbatches
+    (the size is searched, the objective is then time per sample; ``num_microbatches`` is
+    the same, spelled as ``simulate`` spells it); neither: ``2 x devices``
+    microbatches. ``time_limit`` bounds the ILP. Raises :class:`InfeasibleError` with the
+    memory that would be needed when nothing fits.
+
+    Example::
+
+        plan = solve(load_profile("profiles/mlp.json"), load_topology("topologies/nvlink.yaml"),
+                     global_batch=64, schedule="auto", time_limit=10)
+        plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", microbatches=8)
+        plan.save("plan.json")
+    """
+    clock = time.perf_counter()
+    if isinstance(profile, str | os.PathLike):
+        profile_path = profile_path or str(profile)
+    if isinstance(topology, str | os.PathLike):
+        topology_path = topology_path or str(topology)
+    profile, topology = as_profile(profile), as_topology(topology)
+    if num_microbatches is not None:
+        if microbatches is not None and microbatches != num_microbatches:
+            raise InputError(
+                "give microbatches or num_microbatches (the same thing), not both",
+                field="num_microbatches",
+            )
+        microbatches = num_microbatches
+    opts = options or SolveOptions()
+    check_args(topology, global_batch, microbatches, schedule, time_limit)
+    settings = batch_settings(profile, global_batch, microbatches, len(topology.devices))
+    schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
+    search = Search(profile, topology, opts, time_limit)
+    own = own_search(search, settings, schedules, clock)
+    final = [x for x in own if x.cand.schedule in schedules]
+    peers: PeerReport | None = None
+    if opts.baselines:
+        peers = peer_report(search, settings, schedule)
+        final.extend(seeded_by_peers(search, peers, final, schedules))
+    if not final or not min(final, key=Scored.key).fits:
+        if not any(x.fits for x in own):
+            raise nothing_fits(profile, topology, settings)
+        raise schedule_does_not_fit(schedule)
+    best = min(final, key=Scored.key)
+    mine = [x for x in own if x.cand.schedule in schedules and x.fits]
+    return to_plan(
+        search,
+        best,
+        peers,
+        profile_path,
+        topology_path,
+        time.perf_counter() - clock,
+        unseeded=min(mine, key=Scored.key) if mine else None,
+    )

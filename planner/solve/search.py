@@ -1,0 +1,167 @@
+"""The search's state: every candidate simulated once, recompute settled by the simulator.
+
+:class:`Search` holds the inputs, the cache of simulated candidates (a shape met twice is
+simulated once), the count of simulations, the methods used and the ILP's outcome.
+:meth:`Search.evaluate` simulates a candidate and settles its recompute flags by the
+simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lower bound
+cannot beat the best plan. :func:`make_candidate` builds a candidate, recompute where the
+memory model says a stage overflows.
+
+Example::
+
+    search = Search(profile, topology, SolveOptions(), time_limit=10)
+    cand = make_candidate(search, [(0, 3), (4, 7)], [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
+    search.evaluate(cand, "dp").per_sample_ms
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.partition.bounds import overflows_memory, search_bound_ms
+from planner.plan import StageSpec
+from planner.plan_parts import IlpInfo
+from planner.profile.schema import Profile
+from planner.simulate import simulate
+from planner.solve.candidate import Candidate, Scored, with_recompute
+from planner.solve.memory import fix_recompute
+from planner.solve.options import SolveOptions
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["Search", "make_candidate"]
+
+
+@dataclass
+class Search:
+    """One solve's inputs and what it has simulated so far."""
+
+    profile: Profile
+    topology: Topology
+    options: SolveOptions
+    time_limit: float
+    cache: dict[Candidate, Scored] = field(default_factory=dict)
+    sims: int = 0
+    ilp: IlpInfo | None = None
+    methods: list[str] = field(default_factory=list)
+    # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
+    # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
+    recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
+    # Candidates left unsimulated because their bound could not beat the plan they were
+    # measured against, with that bound per sample (see :meth:`bound_per_sample`).
+    bounded: dict[Candidate, float] = field(default_factory=dict)
+
+    def bound_per_sample(self, cand: Candidate) -> float:
+        """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
+        (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
+        switch it off, and recompute only adds time); infinite where it cannot fit
+        (:func:`planner.partition.bounds.overflows_memory`: it never beats a plan that
+        fits)."""
+        hit = self.bounded.get(cand)
+        if hit is not None:
+            return hit
+        specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
+        if overflows_memory(self.profile, self.topology, specs, cand.schedule):
+            return math.inf  # fits with no recompute: never beats a plan that fits
+        m, mb = cand.num_microbatches, cand.microbatch_size
+        bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
+        return bound / cand.samples
+
+    def cannot_beat(self, cand: Candidate, best: Scored) -> bool:
+        """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
+        :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
+        remembered, not simulated."""
+        if not best.fits or cand in self.cache:
+            return False
+        bound = self.bound_per_sample(cand)
+        if round(bound, 9) > round(best.per_sample_ms, 9):
+            self.bounded[cand] = bound
+            return True
+        return False
+
+    def evaluate(self, cand: Candidate, origin: str) -> Scored:
+        """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
+        switch recompute on where a device overflows, off where it is not needed."""
+        hit = self.cache.get(cand)
+        if hit is not None:
+            return hit
+        scored = self.simulate_as_given(cand, origin)
+        if not scored.fits and scored.result is not None:
+            over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
+            flags = [rc or any(d in over for d in devs) for _, devs, rc in cand.stages]
+            retry = self.simulate_as_given(with_recompute(cand, flags), origin)
+            if retry.key() < scored.key():
+                scored = retry
+        if scored.fits:
+            for k, (_, _, rc) in enumerate(scored.cand.stages):
+                if rc:
+                    flags = [f for _, _, f in scored.cand.stages]
+                    flags[k] = False
+                    retry = self.simulate_as_given(with_recompute(scored.cand, flags), origin)
+                    if retry.key() < scored.key():
+                        scored = retry
+        self.cache[cand] = scored
+        return scored
+
+    def simulate_as_given(self, cand: Candidate, origin: str) -> Scored:
+        """Simulate ``cand`` with its recompute flags as they are (once per search)."""
+        hit = self.cache.get(cand)
+        if hit is not None:
+            return hit
+        self.sims += 1
+        try:
+            res = simulate(
+                self.profile,
+                self.topology,
+                cand.specs(),
+                schedule=cand.schedule,
+                num_microbatches=cand.num_microbatches,
+                microbatch_size=cand.microbatch_size,
+                virtual_stages=cand.virtual_stages,
+                events=False,
+            )
+        except InputError:
+            # A schedule that cannot run this shape (e.g. interleaved with too few
+            # microbatches) is simply not a candidate.
+            scored = Scored(cand, math.inf, False, {}, None, origin)
+            self.cache[cand] = scored
+            return scored
+        memory = {d: int(b) for d, b in res.memory_bytes.items()}
+        fits = all(b <= self.topology.device(d).memory_bytes for d, b in memory.items())
+        scored = Scored(cand, float(res.iteration_ms), fits, memory, res, origin)
+        self.cache[cand] = scored
+        return scored
+
+
+def make_candidate(
+    search: Search,
+    ranges: Sequence[tuple[int, int]],
+    devices: Sequence[Sequence[str]],
+    schedule: str,
+    mb: int,
+    m: int,
+    recompute: Sequence[bool] | None = None,
+    virtual: int = 1,
+) -> Candidate:
+    """The candidate for these stages; recompute as given, or where memory needs it
+    (:func:`planner.solve.memory.fix_recompute`).
+
+    Example::
+
+        make_candidate(search, [(0, 7)], [("gpu0", "gpu1")], "1f1b", 4, 8)
+    """
+    if recompute is None:
+        recompute = fix_recompute(
+            search.profile, search.topology, ranges, devices, schedule, mb, m, virtual
+        )
+    # Replicas keep the order they were chosen in: the all-reduce ring follows it.
+    stages = tuple(
+        ((int(a), int(b)), tuple(d), bool(rc))
+        for (a, b), d, rc in zip(ranges, devices, recompute, strict=True)
+    )
+    return Candidate(stages, schedule, mb, m, virtual)

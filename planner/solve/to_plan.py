@@ -1,0 +1,102 @@
+"""The winning candidate as a :class:`~planner.plan.Plan`: its simulation, the solver's
+record (method, status, gap to the global lower bound, simulations, ILP, what the search
+found without the peers) and the peers' rows, through :func:`planner.plan.plan_from_simulation`.
+
+Example::
+
+    plan = to_plan(search, best, peers, "profiles/mlp.json", "topologies/nvlink.yaml", 1.2)
+    plan.solver.method  # "dp+ilp+local search -> dp"
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from planner.cost import stage_compute_ms
+from planner.plan import Plan, plan_from_simulation
+from planner.plan_parts import FileRef, SolverInfo, WithoutPeers
+from planner.profile.schema import Profile
+from planner.solve.candidate import Scored
+from planner.solve.peer_report import PeerReport, peer_rows
+from planner.solve.search import Search
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = ["global_lower_bound_ms", "to_plan"]
+
+
+def global_lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> float:
+    """No plan beats every device computing an equal share of the work, never idle.
+
+    Example::
+
+        global_lower_bound_ms(profile, topology, 4, 8)
+    """
+    f, b = stage_compute_ms(profile, 0, profile.num_layers - 1, mb)
+    total_speed = sum(d.speed for d in topology.devices)
+    return m * (f + b) / total_speed
+
+
+def _file_ref(path: str | None, obj: Any) -> FileRef:
+    """The input as the plan records it: its file, or the object itself when unsaved."""
+    return FileRef.of_file(path) if path is not None else FileRef.in_memory(obj)
+
+
+def _solver_info(
+    search: Search, best: Scored, lower_bound_ms: float, seconds: float, unseeded: Scored | None
+) -> SolverInfo:
+    """How the plan was found: methods, status, gap to the bound, the search alone."""
+    c = best.cand
+    lb = lower_bound_ms
+    gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
+    solver = SolverInfo(
+        method="+".join(search.methods) + f" -> {best.origin}",
+        status="optimal" if "exhaustive" in search.methods else "best found",
+        seconds=round(seconds, 3),
+        gap=None if gap is None else round(gap, 6),
+        simulations=search.sims,
+        ilp=search.ilp,
+    )
+    if unseeded is not None:
+        # What the search found on its own, before any peer plan joined the pool.
+        u = unseeded.cand
+        solver.without_peers = WithoutPeers(
+            iteration_ms=unseeded.per_sample_ms * c.samples,
+            microbatch_size=u.microbatch_size,
+            num_microbatches=u.num_microbatches,
+            schedule=u.schedule,
+            stages=[(r, d) for r, d, _ in u.stages],
+            origin=unseeded.origin,
+        )
+    return solver
+
+
+def to_plan(
+    search: Search,
+    best: Scored,
+    peers: PeerReport | None,
+    profile_path: str | None,
+    topology_path: str | None,
+    seconds: float,
+    *,
+    unseeded: Scored | None = None,
+) -> Plan:
+    """The plan of ``best`` (simulated), with the solver's record and the peers' rows.
+
+    Example::
+
+        to_plan(search, best, None, None, None, 0.5).predicted.iteration_ms
+    """
+    c = best.cand
+    topo = search.topology
+    lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
+    return plan_from_simulation(
+        best.result,
+        c.specs(),
+        profile=_file_ref(profile_path, search.profile.to_dict()),
+        topology=_file_ref(topology_path, topo.to_dict()),
+        solver=_solver_info(search, best, lb, seconds, unseeded),
+        baselines=peer_rows(peers, c.samples),
+        global_lower_bound_ms=lb,
+    )
