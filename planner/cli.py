@@ -24,6 +24,7 @@ try:  # typer >= 0.29 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on top of click
     from click.exceptions import UsageError  # type: ignore[assignment,no-redef,unused-ignore]
 
+from planner import __version__
 from planner.errors import InputError, RunFailed
 
 __all__ = ["app", "main"]
@@ -44,8 +45,6 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from planner import __version__
-
         print(f"pipeplan {__version__}")
         raise typer.Exit(0)
 
@@ -63,8 +62,8 @@ _registered = False
 
 
 def _register_commands() -> None:
-    # Imported here so that importing planner.cli stays cheap; done once because tests call
-    # main() many times in one process and typer would otherwise add every verb again.
+    # lazy: importing planner.cli stays cheap; done once because tests call main() many
+    # times in one process and typer would otherwise add every verb again.
     global _registered
     if _registered:
         return

@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.profile import load_profile
+from planner.simulate import SimResult, simulate
+from planner.topology import Topology, load_topology
 
 if TYPE_CHECKING:
     from planner.plan import Plan
     from planner.plan_parts import FileRef
     from planner.profile.schema import Profile
     from planner.schedule.actions import Schedule
-    from planner.simulate import SimResult
-    from planner.topology import Topology
 
 __all__ = ["PlanInputs", "check_unchanged", "find_file", "locate", "plan_inputs", "resimulate"]
 
@@ -117,8 +118,6 @@ def plan_inputs(
         got = plan_inputs(Plan.load("plan.json"), Path("plan.json"), topology=False)
         got.profile.num_layers
     """
-    from planner.profile import load_profile
-
     got = PlanInputs(None, None, None, None, plan.schedule, None)
     if profile:
         got.profile_path = locate(plan.profile, "profile", plan_path)
@@ -126,8 +125,6 @@ def plan_inputs(
         got.profile = load_profile(got.profile_path)
     got.topology_path = locate(plan.topology, "topology", plan_path) if topology else None
     if got.topology_path is not None:
-        from planner.topology import load_topology
-
         got.topology = load_topology(got.topology_path)
     got.step_ms = plan.schedule.meta.get("step_ms")
     return got
@@ -141,8 +138,6 @@ def resimulate(plan: Plan, plan_path: Path) -> SimResult:
 
         result = resimulate(Plan.load("plan.json"), Path("plan.json"))
     """
-    from planner.simulate import simulate
-
     got = plan_inputs(plan, plan_path)
     assert got.profile is not None
     return simulate(

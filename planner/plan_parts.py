@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from planner.errors import InputError
+from planner.fileio import sha256_file
 
 __all__ = [
     "Baseline",
@@ -189,8 +190,6 @@ class FileRef:
 
             FileRef.of_file("topologies/nvlink.yaml")
         """
-        from planner.fileio import sha256_file
-
         return cls(str(path), sha256_file(path))
 
     @classmethod

@@ -23,6 +23,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.fileio import atomic_write_json, atomic_write_text
 from planner.units import format_bytes
 
 if TYPE_CHECKING:
@@ -606,8 +607,6 @@ def write_pictures(
 
         write_pictures(result, stages, svg=Path("g.svg"), html=None, trace=None, title="1f1b")
     """
-    from planner.fileio import atomic_write_json, atomic_write_text
-
     written = []
     if svg is not None:
         atomic_write_text(svg, render_svg(result, title=title))

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+import planner
+from planner.commands.profile import profile_table, run_profile
+from planner.commands.solve import print_plan
 from planner.errors import InputError
+from planner.solve import solve
+from planner.topology import load_topology
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,8 +74,6 @@ DemoStep = Callable[[DemoContext], None]
 
 def _profile_step(ctx: DemoContext) -> None:
     """Profile the bundled model (few repeats: a demo, not a measurement) and print it."""
-    from planner.commands.profile import profile_table, run_profile
-
     stem = ctx.model.stem
     profile, path = run_profile(
         ctx.model,
@@ -88,10 +91,6 @@ def _profile_step(ctx: DemoContext) -> None:
 
 def _solve_step(ctx: DemoContext) -> None:
     """Solve for this machine's CPU processes (topologies/cpu.yaml) and print the plan."""
-    from planner.commands.solve import print_plan
-    from planner.solve import solve
-    from planner.topology import load_topology
-
     profile = ctx.results["profile"]
     topology_path = examples_dir().parent / "topologies" / "cpu.yaml"
     topology = load_topology(topology_path)
@@ -112,6 +111,7 @@ def _solve_step(ctx: DemoContext) -> None:
 
 def _run_step(ctx: DemoContext) -> None:
     """Train a few steps with exactly that plan on CPU processes; predicted vs measured."""
+    # lazy: `pipeplan --help` need not load the runtime
     from planner.runtime import run_plan
     from planner.runtime.report import print_run_report
 
@@ -151,8 +151,6 @@ def examples_dir() -> Path:
 
         examples_dir() / "gpt.py"
     """
-    import planner
-
     return Path(planner.__file__).resolve().parent.parent / "examples"
 
 

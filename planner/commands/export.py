@@ -54,7 +54,7 @@ def export_command(
 
     Example: pipeplan export plan.json --to torch --model examples/gpt.py
     """
-    from planner.export import export_plan
+    from planner.export import export_plan  # lazy: `pipeplan --help` need not load export
 
     result = export_plan(plan_path, to, out, model=model)
     if as_json:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from planner.fileio import check_output_path
+
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
 
@@ -69,7 +71,7 @@ def pipedream(
 
     Example: pipeplan import pipedream vgg16/graph.txt -o profiles/pipedream-vgg16.json
     """
-    from planner.fileio import check_output_path
+    # lazy: `pipeplan --help` need not load the importer
     from planner.profile.import_pipedream import import_pipedream
 
     if output is not None:

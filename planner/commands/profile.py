@@ -16,6 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from planner.errors import InputError
+from planner.fileio import check_output_path
+from planner.precision import check_precision
+from planner.profile.loader import load_model_file, model_name
+from planner.profile.measure import (
+    check_device,
+    check_timing,
+    optimizer_state_bytes,
+    parse_microbatch_sizes,
+    profile_model,
+)
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -32,8 +44,6 @@ def default_output(model_path: str | Path) -> Path:
 
         default_output("examples/gpt.py")   # Path('profiles/gpt.json')
     """
-    from planner.profile.loader import model_name
-
     return Path("profiles") / f"{model_name(model_path)}.json"
 
 
@@ -114,18 +124,7 @@ def run_profile(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from planner.errors import InputError
-    from planner.fileio import check_output_path
-    from planner.precision import check_precision
-    from planner.profile.loader import load_model_file
-    from planner.profile.measure import (
-        check_device,
-        check_timing,
-        optimizer_state_bytes,
-        parse_microbatch_sizes,
-        profile_model,
-    )
-    from planner.profile.split import CAPTURES
+    from planner.profile.split import CAPTURES  # lazy: pulls torch
 
     err = console or Console(stderr=True)
     microbatch_sizes = parse_microbatch_sizes(sizes)

@@ -15,6 +15,11 @@ from typing import Any
 
 import typer
 
+from planner.errors import InputError
+from planner.fileio import atomic_write_bytes, atomic_write_json, check_output_path
+from planner.plan import Plan
+from planner.profile.schema import load_profile
+
 __all__ = ["register", "run_command"]
 
 
@@ -95,7 +100,7 @@ def run_command(
 
     Example: pipeplan run plan.json --model examples/mlp.py --steps 5 --trace measured.json
     """
-    from planner.fileio import check_output_path
+    # lazy: `pipeplan --help` need not load the runtime
     from planner.runtime.launch import in_torchrun
     from planner.runtime.runner import check_run_options
 
@@ -142,12 +147,9 @@ def _write_outputs(
     report: Any, plan_path: Path, trace: Path | None, calibrate: Path | None, params: Path | None
 ) -> dict[str, str]:
     """Write what --trace, --calibrate and --save-params ask for; returns what was written."""
-    from planner.errors import InputError
-    from planner.fileio import atomic_write_json
-
     outputs: dict[str, str] = {}
     if trace is not None:
-        from planner.plan import Plan
+        # lazy: `pipeplan --help` need not load the runtime or the renderer
         from planner.runtime.report import measured_trace
 
         plan = Plan.load(plan_path)
@@ -177,18 +179,13 @@ def _save_params(parameters: dict[str, Any], out: Path) -> Path:
 
     import torch
 
-    from planner.fileio import atomic_write_bytes
-
     buffer = io.BytesIO()
     torch.save(parameters, buffer)
     return atomic_write_bytes(out, buffer.getvalue())
 
 
 def _calibrate(plan_path: Path, report: Any, out: Path) -> Path:
-    from planner.errors import InputError
-    from planner.plan import Plan
-    from planner.profile.schema import load_profile
-    from planner.runtime.calibrate import calibrated_profile
+    from planner.runtime.calibrate import calibrated_profile  # lazy: not needed by --help
 
     if report.profile_path is None:
         raise InputError(

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-if TYPE_CHECKING:
-    pass
+from planner.errors import InputError
+from planner.fileio import check_output_path
+from planner.plan import Plan, Prediction
 
 __all__ = ["register", "show_command"]
 
@@ -47,9 +47,7 @@ def show_command(
 
     Example: pipeplan show plan.json --svg plan.svg --trace trace.json
     """
-    from planner.errors import InputError
-    from planner.fileio import check_output_path
-    from planner.plan import Plan, Prediction
+    # lazy: `pipeplan --help` need not load plan_inputs or the renderer
     from planner.plan_inputs import resimulate
     from planner.render import MIN_GANTT_WIDTH, write_pictures
 

@@ -17,11 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from planner.errors import InputError
+from planner.fileio import check_output_path
+from planner.plan import (
+    FileRef,
+    Plan,
+    Prediction,
+    StageSpec,
+    parse_stages,
+    plan_from_simulation,
+    stages_from_data,
+)
+from planner.profile import load_profile
+from planner.schedule import SCHEDULES, Schedule
+from planner.simulate import simulate
+from planner.topology import Topology, load_topology
+
 if TYPE_CHECKING:
-    from planner.plan import Plan, StageSpec
     from planner.profile.schema import Profile
-    from planner.schedule.actions import Schedule
-    from planner.topology import Topology
 
 __all__ = ["load_stages_arg", "register", "simulate_command"]
 
@@ -36,9 +49,6 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
 
         load_stages_arg("0-3:gpu0;4-7:gpu1", [1])
     """
-    from planner.errors import InputError
-    from planner.plan import parse_stages, stages_from_data
-
     path = Path(text)
     if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
         if not path.is_file():
@@ -57,9 +67,6 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
 
 def _schedule_arg(text: str) -> Any:
     """A schedule name, or the Schedule read from a JSON/YAML file."""
-    from planner.errors import InputError
-    from planner.schedule import SCHEDULES, Schedule
-
     if text in SCHEDULES:
         return text
     path = Path(text)
@@ -84,8 +91,6 @@ def _schedule_arg(text: str) -> Any:
 
 
 def _read_data(path: Path, flag: str) -> Any:
-    from planner.errors import InputError
-
     raw = path.read_text(encoding="utf-8")
     try:
         if path.suffix.lower() == ".json":
@@ -98,8 +103,6 @@ def _read_data(path: Path, flag: str) -> Any:
 
 
 def _int_list(text: str | None, flag: str) -> list[int]:
-    from planner.errors import InputError
-
     if not text:
         return []
     try:
@@ -125,9 +128,6 @@ def _plan_microbatch_size(schedule: str) -> int | None:
 
 def _marked(stages: list[StageSpec], recompute: list[int]) -> list[StageSpec]:
     """A copy of a plan's stages with ``--recompute`` ids switched on."""
-    from planner.errors import InputError
-    from planner.plan import StageSpec
-
     out = [StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages]
     for sid in recompute:
         if not 0 <= sid < len(out):
@@ -145,9 +145,6 @@ def _plan_schedule(
     plan_file: Path,
 ) -> Any:
     """The plan's own op order, or (stages or microbatches overridden) its schedule rebuilt."""
-    from planner.errors import InputError
-    from planner.schedule import SCHEDULES
-
     same = (
         [s.to_dict() for s in specs] == [s.to_dict() for s in plan.stages]
         and microbatches == plan.num_microbatches
@@ -194,10 +191,7 @@ def _resolve(
     plan_file: Path | None,
 ) -> _Resolved:
     """The flags, completed from ``--plan`` (its files sha256-checked unless overridden)."""
-    from planner.errors import InputError
-    from planner.plan import Plan
-    from planner.plan_inputs import plan_inputs
-    from planner.profile import load_profile
+    from planner.plan_inputs import plan_inputs  # lazy: not needed by `pipeplan --help`
 
     plan = Plan.load(plan_file) if plan_file is not None else None
     got = None
@@ -232,8 +226,6 @@ def _resolve(
         raise InputError("missing: give a profile (or --plan plan.json)", field="--profile")
     topo = got.topology if got is not None else None
     if topology is not None:
-        from planner.topology import load_topology
-
         topo = load_topology(topology)
     elif got is not None:
         topology = got.topology_path
@@ -339,9 +331,6 @@ def simulate_command(
 
     Example: pipeplan simulate --plan plan.json --schedule zb
     """
-    from planner.fileio import check_output_path
-    from planner.simulate import simulate
-
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         if path is not None:
             check_output_path(path, field=flag)
@@ -364,8 +353,6 @@ def simulate_command(
 
 def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
     """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256."""
-    from planner.plan import FileRef, plan_from_simulation
-
     topo = got.topology_path
     plan_from_simulation(
         result,
@@ -388,8 +375,7 @@ def _emit(
     gantt: bool,
 ) -> None:
     """Write the pictures asked for; print the predictions (JSON or table and chart)."""
-    from planner.plan import Prediction
-    from planner.render import print_report, write_pictures
+    from planner.render import print_report, write_pictures  # lazy: not needed by --help
 
     title = (
         f"{result.schedule.name}: {len(specs)} stages, {result.num_microbatches} microbatches "

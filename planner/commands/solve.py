@@ -14,6 +14,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from planner.fileio import check_output_path
+from planner.profile import load_profile
+from planner.solve import solve
+from planner.topology import load_topology
+from planner.units import format_bytes
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -63,11 +69,6 @@ def solve_command(
     Example: pipeplan solve --profile profiles/mlp.json --topology topologies/nvlink.yaml
     --global-batch 64
     """
-    from planner.fileio import check_output_path
-    from planner.profile import load_profile
-    from planner.solve import solve
-    from planner.topology import load_topology
-
     check_output_path(output, field="-o")
     prof = load_profile(profile)
     topo = load_topology(topology)
@@ -139,8 +140,6 @@ def print_plan(
 def _print_prediction(console: Console, pred: Prediction) -> None:
     """Memory per device, the predicted iteration and its lower bounds."""
     from rich.table import Table
-
-    from planner.units import format_bytes
 
     mem = Table(title="Memory per device")
     mem.add_column("device")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
-if TYPE_CHECKING:
-    from planner.topology import Topology
+from planner.errors import InputError
+from planner.fileio import atomic_write_text, check_output_path
+from planner.topology import Topology, load_topology
+from planner.units import format_bandwidth, format_bytes, parse_bytes
 
 __all__ = ["register", "topology_app"]
 
@@ -79,8 +81,6 @@ def _print_show(topo: Topology) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from planner.units import format_bytes
-
     console = Console()
     s = _summary(topo)
     console.print(
@@ -127,14 +127,11 @@ def show(
 
     Example: pipeplan topology show topologies/dgx1-v100.yaml --svg dgx1.svg
     """
-    from planner.fileio import atomic_write_text, check_output_path
-    from planner.topology import load_topology
-
     if svg is not None:
         check_output_path(svg, field="--svg")
     topo = load_topology(file)
     if svg is not None:
-        from planner.topology.svg import topology_svg
+        from planner.topology.svg import topology_svg  # lazy: not needed by `pipeplan --help`
 
         atomic_write_text(svg, topology_svg(topo))
     if as_json:
@@ -157,9 +154,6 @@ def check(
 
     Example: pipeplan topology check topologies/two-node-ib.yaml
     """
-    from planner.topology import load_topology
-    from planner.units import format_bandwidth
-
     topo = load_topology(file)
     if normalized:
         print(topo.to_yaml(), end="")
@@ -224,14 +218,12 @@ def detect(
 
     Example: pipeplan topology detect --from-file topo.txt --from-file gpus.csv -o mine.yaml
     """
-    from planner.errors import InputError
-    from planner.fileio import atomic_write_text, check_output_path
+    # lazy: `pipeplan --help` need not load the detector
     from planner.topology.detect import (
         detect_topology,
         parse_bandwidth_overrides,
         run_nvidia_smi,
     )
-    from planner.units import parse_bytes
 
     if output is not None:
         check_output_path(output, field="-o")

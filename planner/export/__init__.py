@@ -27,6 +27,9 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.export.source import ExportSource, load_export_source
+from planner.export.torch_pipelining import export_torch
+from planner.export.torchtitan import export_torchtitan
+from planner.profile.loader import load_model_file
 
 __all__ = ["TARGETS", "ExportResult", "check_model", "export_plan"]
 
@@ -59,8 +62,7 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     """
     import torch
 
-    from planner.profile.loader import load_model_file
-    from planner.profile.split import capture_model
+    from planner.profile.split import capture_model  # lazy: pulls torch
 
     user = load_model_file(model)
     profile = source.profile
@@ -119,14 +121,10 @@ def export_plan(
     target.mkdir(exist_ok=True)
     notes: list[str] = []
     if to == "torch":
-        from planner.export.torch_pipelining import export_torch
-
         files = export_torch(source, target, model=model_path)
         if model_path is None:
             notes.append("no --model given: pass --model to train_pipeline.py")
     else:
-        from planner.export.torchtitan import export_torchtitan
-
         files = export_torchtitan(source, target)
     layout = source.layout
     return ExportResult(to, target, files, layout.pp_degree, layout.dp_degree, notes)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.export.source import ExportSource
+from planner.export.split import titan_module
 from planner.export.torch_pipelining import csv_text
 from planner.fileio import atomic_write_text
 
@@ -44,8 +45,6 @@ def titan_modules(source: ExportSource) -> list[list[str]]:
 
         titan_modules(source)    # [['tok_embeddings', 'layers.0'], ['layers.1', 'norm', 'output']]
     """
-    from planner.export.split import titan_module
-
     owner: dict[str, int] = {}
     parts: list[list[str]] = []
     for split in source.splits:

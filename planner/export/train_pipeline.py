@@ -132,7 +132,7 @@ def build_stages(
         for stage, s in zip(built, local, strict=True):
             stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
         return built, [pipe.get_stage_module(s) for s in local], None
-    from planner.export.stages import PipeplanStages
+    from planner.export.stages import PipeplanStages  # lazy: --split torch needs no pipeplan
 
     cut = PipeplanStages.build(
         model, sample, cfg["stage_layers"], split_at=cfg["split_at"], capture=cfg["capture"]

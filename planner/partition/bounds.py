@@ -50,6 +50,7 @@ from planner.cost import (
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule.families import family
+from planner.simulate import lower_bound_ms
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -264,8 +265,6 @@ def search_bound_ms(
         if not shared and piped > 0.0:
             return max(busy, piped)
         busy = max(busy, piped)
-    from planner.simulate import lower_bound_ms
-
     plain = lower_bound_ms(
         profile,
         topology,

@@ -61,8 +61,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.errors import InputError
+from planner.partition import baselines as bl
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
+from planner.simulate import simulate
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -263,8 +265,6 @@ class PeerJudge:
         """
         hit = self.pipedream.get(microbatch_size)
         if hit is None:
-            from planner.partition import baselines as bl
-
             try:
                 hit = bl.pipedream_partition(
                     self.profile, microbatch_size, pipedream_levels(self.topology)
@@ -285,8 +285,6 @@ class PeerJudge:
             run = PeerRun(config, ms, fits and math.isfinite(ms))
             self.cache[config] = run
             return run
-        from planner.simulate import simulate
-
         try:
             res = simulate(
                 self.profile,
@@ -312,6 +310,7 @@ class PeerJudge:
         """A lower bound of ``config``'s simulated time, per sample
         (:func:`planner.partition.bounds.search_bound_ms`); peers whose configurations
         coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
+        # lazy: `import planner` need not load the bounds (the solver loads them on use)
         from planner.partition.bounds import search_bound_ms
 
         key = (
@@ -338,7 +337,7 @@ class PeerJudge:
         """Whether ``config`` cannot fit with or without recompute: a device's weights,
         gradients and optimizer state alone exceed its memory
         (:func:`planner.partition.bounds.overflows_memory`); nothing to simulate."""
-        from planner.partition.bounds import overflows_memory
+        from planner.partition.bounds import overflows_memory  # lazy: as search_bound_ms
 
         return overflows_memory(self.profile, self.topology, config.specs(), config.schedule)
 
@@ -371,8 +370,6 @@ def _with_recompute(config: PeerConfig) -> PeerConfig:
 
 def _partition(profile: Profile, method: str, microbatch_size: int, chunks: int) -> Ranges:
     """``chunks`` contiguous ranges by the named method (InputError where it has none)."""
-    from planner.partition import baselines as bl
-
     n = profile.num_layers
     if method in ("uniform", "equal split"):
         return bl.uniform_partition(n, chunks)

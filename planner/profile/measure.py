@@ -56,6 +56,7 @@ from typing import Any
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
 from planner.optimizers import STATE_FACTORS, make_optimizer, optimizer_state_bytes
+from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.pass_timing import (
@@ -150,9 +151,7 @@ class _Settings:
 
     def autocast(self) -> Any:
         """The forward's autocast context (none for fp32)."""
-        from planner.precision import autocast
-
-        return autocast(self.device.type, self.precision)
+        return precision_autocast(self.device.type, self.precision)
 
     @property
     def clock(self) -> str:
@@ -323,7 +322,7 @@ class _PreparedSize:
 def _prepare_size(
     user: UserModel, split: Any, size: int, settings: _Settings, split_at: str | None
 ) -> _PreparedSize:
-    from planner.profile.split import tensor_bytes
+    from planner.profile.split import tensor_bytes  # lazy: pulls torch
 
     inputs, targets = user.batch(size)
     inputs = to_device(inputs, settings.device)
@@ -506,7 +505,7 @@ class _OptimizerJob:
 def _measure(
     layer: Any, values: Sequence[Any], settings: _Settings, loss: Callable[[Any], Any] | None
 ) -> tuple[LayerTiming, Any]:
-    from planner.profile.split import tensor_bytes
+    from planner.profile.split import tensor_bytes  # lazy: pulls torch
 
     run = _Runner.for_layer(layer, values, loss, settings)
     outputs, saved, workspace = run.inspect()
@@ -737,7 +736,7 @@ def _prepare(
     """Build the model, check it accepts its own sample batch, and split it."""
     import torch
 
-    from planner.profile.export_graph import call_for_training
+    from planner.profile.export_graph import call_for_training  # lazy: pulls torch
     from planner.profile.split import capture_model
 
     torch.manual_seed(0)
@@ -773,7 +772,7 @@ def _prepare(
 def _split_for(user: UserModel, split: Any, inputs: Any, split_at: str | None) -> Any:
     """The split to measure ``inputs`` with: an exported graph is specialised to its
     microbatch size, so another size is captured again (and must cut the same way)."""
-    from planner.profile.split import capture_model
+    from planner.profile.split import capture_model  # lazy: pulls torch
 
     size = _batch_size(inputs)
     if split.batch_size is None or split.batch_size == size:

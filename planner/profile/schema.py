@@ -20,6 +20,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
+from planner.precision import PRECISIONS
 from planner.profile.tied import TiedParameter
 
 __all__ = [
@@ -294,8 +295,6 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
 
 
 def _precision(v: _Validator, raw: Any) -> str:
-    from planner.precision import PRECISIONS
-
     if raw not in PRECISIONS:
         v.fail("precision", f"expected one of {', '.join(PRECISIONS)}, got {raw!r}")
     return str(raw)

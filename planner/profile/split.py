@@ -41,6 +41,7 @@ import torch
 from torch import fx, nn
 
 from planner.errors import InputError
+from planner.profile.export_graph import call_for_training, export_graph, module_path
 
 __all__ = [
     "CAPTURES",
@@ -435,8 +436,6 @@ def _export_split(
     split_at: str | None,
     source: str | os.PathLike[str] | None,
 ) -> SplitModel:
-    from planner.profile.export_graph import export_graph
-
     with _naming(source):
         points = discover_split_points(model, split_at)
         captured = export_graph(model, inputs)
@@ -481,8 +480,6 @@ class _naming:
 def _reproduces(model: nn.Module, split: SplitModel, inputs: Any) -> bool:
     """Whether the split model gives the model's own output on ``inputs`` (same RNG seed,
     buffers restored afterwards): a traced graph that baked in a branch does not."""
-    from planner.profile.export_graph import call_for_training
-
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         with torch.no_grad():
@@ -601,8 +598,6 @@ def _fx_leaf(node: fx.Node) -> str | None:
 def _export_leaf(points: Sequence[str]) -> Callable[[fx.Node], str | None]:
     """The module an exported node is named after: the outermost module of its stack that
     is a split point or holds none (what torch.fx would have kept as a leaf)."""
-    from planner.profile.export_graph import module_path
-
     point_set = set(points)
     prefixes = {p[:i] for p in points for i in range(len(p)) if p[i] == "."}
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.schedule.actions import Action, ActionType
+from planner.tensors import to_device
 
 if TYPE_CHECKING:
     import torch
@@ -72,8 +73,7 @@ def cut_specs(
     """
     import torch
 
-    from planner.profile.split import retarget_device
-    from planner.tensors import to_device
+    from planner.profile.split import retarget_device  # lazy: pulls torch
 
     moving = device is not None and torch.device(device).type != "cpu"
     out: list[list[ValueSpec]] = []

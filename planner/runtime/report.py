@@ -21,6 +21,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner.render import render_trace
+from planner.runtime.calibrate import stage_ratios
+from planner.simulate import SimEvent, SimResult
+from planner.units import format_bytes
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -136,8 +141,6 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
         explain_gap(report, load_profile(report.profile_path), plan)
         report.compute_ratio   # e.g. 1.21: the slowest stage computed 21% slower than profiled
     """
-    from planner.runtime.calibrate import stage_ratios
-
     ratios = stage_ratios(profile, plan, report.stage_ms)
     if not ratios:
         return
@@ -244,9 +247,6 @@ def measured_trace(report: RunReport, schedule: Any) -> dict[str, Any]:
 
         Path("measured.json").write_text(json.dumps(measured_trace(report, schedule)))
     """
-    from planner.render import render_trace
-    from planner.simulate import SimEvent, SimResult
-
     devices = list(report.placement)
     busy: dict[str, float] = dict.fromkeys(devices, 0.0)
     events = []
@@ -320,8 +320,6 @@ def print_run_report(report: RunReport, console: Console) -> None:
         print_run_report(report, Console())
     """
     from rich.table import Table
-
-    from planner.units import format_bytes
 
     title = f"pipeplan run: {report.schedule}, {report.steps} steps"
     table = Table(title=title if report.precision == "fp32" else f"{title}, {report.precision}")

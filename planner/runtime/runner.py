@@ -29,12 +29,20 @@ from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.plan import Plan
+from planner.plan_inputs import check_unchanged, find_file
+from planner.precision import check_precision
+from planner.profile.loader import load_model_file
+from planner.profile.schema import load_profile
+from planner.runtime.launch import launch_local
+from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
 from planner.runtime.settings import RunSettings, WorkerConfig
+from planner.runtime.worker import stream_2bw, worker_main
+from planner.simulate import simulate
+from planner.simulate.one_device import one_device_prediction
 
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
-    from planner.runtime.placement import Placement
     from planner.schedule.actions import Schedule
 
 __all__ = [
@@ -109,10 +117,6 @@ def check_plan(
 
         settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
     """
-    from planner.plan_inputs import check_unchanged, find_file
-    from planner.profile.loader import load_model_file
-    from planner.profile.schema import load_profile
-
     where = plan_source or "<plan>"
     schedule = plan.schedule
     if schedule.iterations != 1:
@@ -165,8 +169,6 @@ def run_precision(
 
         run_precision(RunSettings(6, precision="bf16"), None, schedule=plan.schedule)  # 'bf16'
     """
-    from planner.precision import check_precision
-
     profiled = settings.precision
     if asked is not None:
         check_precision(asked)
@@ -193,8 +195,7 @@ def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan
     """Split the model here once, so a mismatch is one clear line, not a worker crash."""
     import torch
 
-    from planner.profile.loader import load_model_file
-    from planner.profile.split import capture_model
+    from planner.profile.split import capture_model  # lazy: pulls torch
 
     user = load_model_file(model_path)
     torch.manual_seed(0)
@@ -236,8 +237,6 @@ def prepare_run(
 
         plan, settings, placement = prepare_run("plan.json", "model.py", device="cpu")
     """
-    from planner.runtime.placement import place
-
     if not isinstance(plan, Plan):
         plan_source = str(plan)
         plan = Plan.load(plan)
@@ -256,8 +255,6 @@ def prepare_run(
             "devices shared: several plan devices run in one process (" + "; ".join(shared) + ")"
         )
     if plan.schedule.weight_versions == 2:
-        from planner.runtime.worker import stream_2bw
-
         _, stream = stream_2bw(plan.schedule, plan.stages, plan.num_microbatches, 2)
         how = (
             "iterations run as one continuous stream without a flush (the next one starts "
@@ -344,8 +341,6 @@ def run_plan(
     """
     import torch
 
-    from planner.runtime.launch import launch_local
-
     check_run_options(steps=steps, warmup=warmup, timeout_s=timeout_s, threads=threads, lr=lr)
     plan_source = str(plan) if not isinstance(plan, Plan) else None
     plan, settings, placement = prepare_run(
@@ -398,9 +393,6 @@ def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement:
         return
     if len({d for st in plan.stages for d in st.devices}) < 2:
         return
-    from planner.simulate import simulate
-    from planner.simulate.one_device import one_device_prediction
-
     result = simulate(
         profile, None, plan.stages, plan.schedule, plan.num_microbatches, plan.microbatch_size
     )
@@ -443,8 +435,6 @@ def run_this_rank(
     import sys
 
     import torch
-
-    from planner.runtime.worker import worker_main
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     source = str(plan_path)

@@ -33,9 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.allocator import keep_freed_memory
+from planner.errors import InputError
+from planner.precision import autocast
+from planner.profile.loader import load_model_file
+from planner.profile.tied import find_tied_parameters
+from planner.runtime.comm import P2P, cut_specs, message_order
+from planner.runtime.placement import Placement
+from planner.runtime.settings import WorkerConfig
+from planner.schedule import as_stream
+from planner.schedule.tied import defer_tied_steps
+from planner.tensors import slice_batch, to_device
+
 if TYPE_CHECKING:
     from planner.plan import Plan
-    from planner.runtime.settings import WorkerConfig
 
 __all__ = ["FAULT_ENV", "stream_2bw", "worker_entry", "worker_main"]
 
@@ -50,8 +61,6 @@ def worker_entry(rank: int, config_path: str) -> None:
 
         python -m planner.runtime.worker 0 /tmp/run/config.json   # what launch.py starts
     """
-    from planner.runtime.settings import WorkerConfig
-
     _die_with_parent()
     raw = json.loads(Path(config_path).read_text())
     try:
@@ -76,9 +85,6 @@ def _die_with_parent() -> None:
 
 
 def _write_error(run_dir: Path, rank: int, placement: Any, exc: BaseException) -> None:
-    from planner.errors import InputError
-    from planner.runtime.placement import Placement
-
     devices = Placement.from_dict(placement).devices_of(rank)
     if isinstance(exc, InputError):
         text = exc.one_line()
@@ -140,10 +146,7 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
     """
     import torch
 
-    from planner.precision import autocast
-    from planner.profile.loader import load_model_file
-    from planner.profile.split import capture_model
-    from planner.runtime.comm import cut_specs
+    from planner.profile.split import capture_model  # lazy: pulls torch
 
     run_dir = Path(config.run_dir)
     placement = config.placement
@@ -208,8 +211,6 @@ def _init_process(rank: int, config: WorkerConfig, placement: Any) -> tuple[Any,
     import torch
     import torch.distributed as dist
 
-    from planner.allocator import keep_freed_memory
-
     keep_freed_memory()  # as the profiler did: see planner.allocator
     torch.set_num_threads(config.threads)
     if placement.device_type == "cuda":
@@ -242,6 +243,7 @@ def _build_stages(
 ) -> _Stages:
     """This rank's stage modules (tied parameters copied, never shared), their optimizers
     (2bw: weight versions) and the action lists to run."""
+    # lazy: these pull torch
     from planner.profile.split import retarget_device
     from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
     from planner.runtime.stage import StageRuntime
@@ -292,12 +294,10 @@ def _executor(
     in one order), the final action lists and the executor; also returns the loss scaler."""
     import torch.distributed as dist
 
-    from planner.profile.tied import find_tied_parameters
-    from planner.runtime.comm import P2P, message_order
+    # lazy: these pull torch
     from planner.runtime.executor import ProcessExecutor
     from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.tied import TiedExchange
-    from planner.schedule.tied import defer_tied_steps
 
     # Every rank creates every replica group, in stage order (torch.distributed requires it).
     groups: dict[int, Any] = {}
@@ -355,8 +355,6 @@ def _batches(
 ) -> tuple[list[Any] | None, list[Any] | None]:
     """Step ``step``'s microbatches: inputs for a first stage, targets for a last one."""
     import torch
-
-    from planner.tensors import slice_batch, to_device
 
     needs_inputs = 0 in runtimes
     needs_targets = len(plan.stages) - 1 in runtimes
@@ -470,8 +468,6 @@ def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, boo
 
         actions, stream = stream_2bw(schedule, plan.stages, plan.num_microbatches, 10)
     """
-    from planner.schedule import as_stream
-
     stream = as_stream(schedule, stages, total)
     if stream is None:
         return schedule.devices, False  # a hand-made order: run it as given, step by step

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.errors import InputError
 from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
@@ -23,9 +23,7 @@ from planner.schedule.onef1b import onef1b_order
 from planner.schedule.replicas import per_replica_order, replica_round
 from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
-
-if TYPE_CHECKING:
-    from planner.stages import StageSpec
+from planner.stages import StageSpec
 
 __all__ = [
     "COMPUTE",
@@ -216,8 +214,6 @@ def _validated_order(
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
         order = _repeat(per_replica_order(flushed[name](p, m // rounds), rounds), m, iterations)
-    from planner.stages import StageSpec
-
     shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)
     return order

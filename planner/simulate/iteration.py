@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import (
@@ -30,9 +30,7 @@ from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimResult, bubble
 from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
 from planner.stages import StageSpec, as_stages, validate_stages
-
-if TYPE_CHECKING:
-    from planner.topology import Topology
+from planner.topology import Topology, load_topology
 
 __all__ = ["STREAM_ITERATIONS", "simulate"]
 
@@ -77,8 +75,6 @@ def simulate(
     """
     profile = as_profile(profile)
     if isinstance(topology, str | os.PathLike):
-        from planner.topology import load_topology
-
         topology = load_topology(topology)
     stages = as_stages(stages)
     mbs = _pick_microbatch_size(profile, microbatch_size)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from planner.plan import Prediction
 from planner.schedule import Schedule
 from planner.simulate.program import KIND_NAMES
 
@@ -132,8 +133,6 @@ class SimResult:
 
             result.predicted()["iteration_ms"]
         """
-        from planner.plan import Prediction
-
         return Prediction.from_result(self).to_dict()
 
 
