@@ -40,6 +40,7 @@ from planner.plan_parts import (
     SolverInfo,
 )
 from planner.schedule.actions import Schedule
+from planner.schedule.families import is_interleaved
 from planner.schedule.validate import validate_schedule
 from planner.stages import (
     StageSpec,
@@ -173,7 +174,7 @@ class Plan:
         """
         schedule, stages = self.schedule, self.stages
         num_layers = max(s.last for s in stages) + 1
-        shared = schedule.name == "interleaved" or schedule.virtual_stages > 1
+        shared = is_interleaved(schedule.name) or schedule.virtual_stages > 1
         validate_stages(stages, num_layers, None, source=source, allow_shared_devices=shared)
         for key, have, want in (
             ("num_stages", schedule.num_stages, len(stages)),

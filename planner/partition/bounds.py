@@ -261,7 +261,7 @@ def search_bound_ms(
     flush = family(schedule).flush
     shared = len({d for st in stages for d in st.devices}) < sum(len(st.devices) for st in stages)
     if flush:
-        piped = _piped(shares, split_backward=schedule == "zb")
+        piped = _piped(shares, split_backward=family(schedule).split_backward)
         if not shared and piped > 0.0:
             return max(busy, piped)
         busy = max(busy, piped)
@@ -272,7 +272,7 @@ def search_bound_ms(
         num_microbatches,
         microbatch_size,
         flush=flush,
-        split_backward=schedule == "zb",
+        split_backward=family(schedule).split_backward,
     )
     return max(plain, busy)
 

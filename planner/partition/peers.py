@@ -64,7 +64,8 @@ from planner.errors import InputError
 from planner.partition import baselines as bl
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
-from planner.simulate import simulate
+from planner.schedule.families import family
+from planner.simulate import simulate_shape
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -286,16 +287,7 @@ class PeerJudge:
             self.cache[config] = run
             return run
         try:
-            res = simulate(
-                self.profile,
-                self.topology,
-                config.specs(),
-                schedule=config.schedule,
-                num_microbatches=config.num_microbatches,
-                microbatch_size=config.microbatch_size,
-                virtual_stages=config.virtual_stages,
-                events=False,
-            )
+            res = simulate_shape(self.profile, self.topology, config)
         except InputError:
             run = PeerRun(config, math.inf, False)
         else:
@@ -531,7 +523,7 @@ def peer_configurations(
 
 
 def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:
-    if schedule != "interleaved":
+    if not family(schedule).interleaved:
         return [1]
     if depth < 2:
         return []

@@ -16,7 +16,7 @@ from typing import Any
 from planner.errors import InputError
 from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
 from planner.schedule.expand import ComputeOp
-from planner.schedule.families import FAMILIES, Family, family
+from planner.schedule.families import FAMILIES, Family, family, is_interleaved
 from planner.schedule.gpipe import gpipe_order
 from planner.schedule.interleaved import interleaved_order
 from planner.schedule.onef1b import onef1b_order
@@ -38,6 +38,7 @@ __all__ = [
     "checked_virtual_stages",
     "device_groups",
     "family",
+    "is_interleaved",
     "in_flight_microbatches",
     "schedule_from_order",
     "validate_order",
@@ -183,7 +184,7 @@ def checked_virtual_stages(
                 field="num_microbatches",
             )
     v = 1
-    if name == "interleaved":
+    if family(name).interleaved:
         v = _virtual_stages(stages, virtual_stages)
     elif virtual_stages > 1:
         raise InputError(
@@ -204,9 +205,9 @@ def _validated_order(
     # without a flush one stream runs through every replica.
     flush = family(name).flush
     rounds = replica_round([len(g) for g in groups], m) if flush else 1
-    if name == "interleaved" and v > 1 and (m // rounds) % (p // v):
+    if family(name).interleaved and v > 1 and (m // rounds) % (p // v):
         rounds = 1
-    if name == "interleaved":
+    if family(name).interleaved:
         base = onef1b_order(p, m // rounds) if v == 1 else interleaved_order(p // v, v, m // rounds)
         order = per_replica_order(base, rounds)
     elif not flush:  # 2bw: the 1F1B order as one continuous stream of iterations
@@ -263,7 +264,7 @@ def in_flight_microbatches(
     if family(name).searched:
         return min(p - s, m)
     r = rounds if rounds > 1 and m % rounds == 0 else 1
-    if name == "interleaved" and virtual_stages > 1 and (m // r) % p:
+    if family(name).interleaved and virtual_stages > 1 and (m // r) % p:
         r = 1  # as build_schedule: the interleaved order needs M / rounds divisible by p
     m //= r
     if name == "gpipe":

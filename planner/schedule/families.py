@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from planner.errors import InputError
 
-__all__ = ["FAMILIES", "Family", "family"]
+__all__ = ["FAMILIES", "Family", "family", "is_interleaved"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,16 @@ def family(name: str) -> Family:
         raise InputError(
             f"unknown schedule {name!r}; expected one of {', '.join(FAMILIES)}", field="schedule"
         ) from None
+
+
+def is_interleaved(name: str) -> bool:
+    """Whether ``name`` is a family that puts several stages on a device; False for a name
+    outside the table (a hand-written schedule's).
+
+    Example::
+
+        is_interleaved("interleaved"), is_interleaved("1f1b"), is_interleaved("mine")
+        # (True, False, False)
+    """
+    known = FAMILIES.get(name)
+    return known is not None and known.interleaved

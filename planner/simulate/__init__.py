@@ -59,7 +59,7 @@ Example::
 from __future__ import annotations
 
 from planner.simulate.bounds import lower_bound_ms
-from planner.simulate.iteration import STREAM_ITERATIONS, simulate
+from planner.simulate.iteration import STREAM_ITERATIONS, PlanShape, simulate, simulate_shape
 from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimEvent, SimResult, TransferEvent
 from planner.simulate.tables import overflow_agreement_ms, tied_exchange_ms
@@ -69,6 +69,7 @@ __all__ = [
     "ENGINES",
     "STREAM_ITERATIONS",
     "Engine",
+    "PlanShape",
     "SimEvent",
     "SimResult",
     "TransferEvent",
@@ -77,5 +78,6 @@ __all__ = [
     "overflow_agreement_ms",
     "simulate",
     "simulate_schedule",
+    "simulate_shape",
     "tied_exchange_ms",
 ]

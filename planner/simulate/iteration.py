@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import (
@@ -23,6 +23,7 @@ from planner.schedule import (
     build_schedule,
     checked_virtual_stages,
     family,
+    is_interleaved,
     validate_schedule,
 )
 from planner.simulate.bounds import lower_bound_ms
@@ -32,7 +33,7 @@ from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
 from planner.stages import StageSpec, as_stages, validate_stages
 from planner.topology import Topology, load_topology
 
-__all__ = ["STREAM_ITERATIONS", "simulate"]
+__all__ = ["STREAM_ITERATIONS", "PlanShape", "simulate", "simulate_shape"]
 
 # A no-flush schedule (2bw) is timed as the average iteration of a stream this long: the
 # pipeline fills and drains once per stream. (Differences of two stream lengths estimate
@@ -79,9 +80,7 @@ def simulate(
     stages = as_stages(stages)
     mbs = _pick_microbatch_size(profile, microbatch_size)
     name = schedule if isinstance(schedule, str) else schedule.name
-    shared = name == "interleaved" or (
-        not isinstance(schedule, str) and schedule.virtual_stages > 1
-    )
+    shared = is_interleaved(name) or (not isinstance(schedule, str) and schedule.virtual_stages > 1)
     validate_stages(stages, profile.num_layers, topology, allow_shared_devices=shared)
     if isinstance(schedule, str):
         sched = _build(
@@ -113,6 +112,41 @@ def simulate(
     if not sched.flush:
         result.staleness = [1] * len(stages)
     return result
+
+
+class PlanShape(Protocol):
+    """What a search proposes: stages, schedule and microbatching (a solver candidate, a
+    tuned peer's configuration)."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def num_microbatches(self) -> int: ...
+    @property
+    def microbatch_size(self) -> int: ...
+    @property
+    def virtual_stages(self) -> int: ...
+    def specs(self) -> list[StageSpec]: ...
+
+
+def simulate_shape(profile: Profile, topology: Topology | None, shape: PlanShape) -> SimResult:
+    """:func:`simulate` of a search's proposal without events: the inner loop of the solver
+    and of the tuned peers. Raises InputError when the schedule cannot run that shape.
+
+    Example::
+
+        simulate_shape(profile, topology, candidate).iteration_ms
+    """
+    return simulate(
+        profile,
+        topology,
+        shape.specs(),
+        schedule=shape.schedule,
+        num_microbatches=shape.num_microbatches,
+        microbatch_size=shape.microbatch_size,
+        virtual_stages=shape.virtual_stages,
+        events=False,
+    )
 
 
 def _pick_microbatch_size(profile: Profile, microbatch_size: int | None) -> int:

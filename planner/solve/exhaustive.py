@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 
+from planner.schedule.families import family
 from planner.solve.candidate import Scored
 from planner.solve.search import Search, make_candidate
 
@@ -72,7 +73,7 @@ def exhaustive(
     out = []
     for mb, m in settings:
         for sched in schedules:
-            if sched == "interleaved":
+            if family(sched).interleaved:
                 continue
             for s in range(1, min(n, len(names)) + 1):
                 for ranges in _partitions(n, s):

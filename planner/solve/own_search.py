@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from planner.partition.dp import layer_costs
 from planner.partition.mapping import candidate_paths, identical_devices, uniform_network
+from planner.schedule.families import family
 from planner.solve.candidate import Candidate, Scored
 from planner.solve.dp_candidates import dp_candidates
 from planner.solve.exhaustive import exhaustive, exhaustive_size
@@ -92,7 +93,7 @@ def own_search(
 
         own_search(search, [(4, 8)], ["1f1b"], time.perf_counter())
     """
-    primary = [s for s in schedules if s != "interleaved"] or ["1f1b"]
+    primary = [s for s in schedules if not family(s).interleaved] or ["1f1b"]
     names = search.topology.device_names()
     space = exhaustive_size(search.profile.num_layers, len(names)) * len(settings) * len(primary)
     scale = len(names) * max(m for _, m in settings)
@@ -129,7 +130,7 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
     for sched in schedules:
         if sched == c.schedule:
             continue
-        if sched == "interleaved":
+        if family(sched).interleaved:
             extra = interleaved(search, c)
         else:
             ranges = [r for r, _, _ in c.stages]

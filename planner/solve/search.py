@@ -26,7 +26,7 @@ from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
-from planner.simulate import simulate
+from planner.simulate import simulate_shape
 from planner.solve.candidate import Candidate, Scored, with_recompute
 from planner.solve.memory import fix_recompute
 from planner.solve.options import SolveOptions
@@ -115,16 +115,7 @@ class Search:
             return hit
         self.sims += 1
         try:
-            res = simulate(
-                self.profile,
-                self.topology,
-                cand.specs(),
-                schedule=cand.schedule,
-                num_microbatches=cand.num_microbatches,
-                microbatch_size=cand.microbatch_size,
-                virtual_stages=cand.virtual_stages,
-                events=False,
-            )
+            res = simulate_shape(self.profile, self.topology, cand)
         except InputError:
             # A schedule that cannot run this shape (e.g. interleaved with too few
             # microbatches) is simply not a candidate.
