@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 
+# Each part below reads and writes its own fields through FieldReader, one call per field:
+# their to_dict / from_dict look alike in shape (duplicates pairs them), not in fields.
 class FieldReader:
     """Reads the fields of one decoded JSON object; every problem is one InputError that
     names the file and the dotted field. Keys never asked for are :meth:`rest`.

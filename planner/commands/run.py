@@ -23,6 +23,8 @@ from planner.profile.schema import load_profile
 __all__ = ["register", "run_command"]
 
 
+# The command's parameters are typer options, one declaration per flag; those of the
+# commands look alike in shape (duplicates pairs them), not in names, defaults or help.
 def register(app: typer.Typer) -> None:
     """Add the ``run`` command to ``app``."""
     app.command("run")(run_command)

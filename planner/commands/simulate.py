@@ -397,6 +397,8 @@ def _emit(
         console.print(f"wrote {done}")
 
 
+# The command's parameters are typer options, one declaration per flag; those of the
+# commands look alike in shape (duplicates pairs them), not in names, defaults or help.
 def register(app: typer.Typer) -> None:
     """Add ``pipeplan simulate`` to the CLI."""
     app.command("simulate")(simulate_command)

@@ -51,6 +51,8 @@ def interleaved(search: Search, c: Candidate) -> list[Candidate]:
     return out
 
 
+# recut is cut_over's cache: the same parameters, written out (duplicates pairs the two
+# signatures), so that the cache key names every one of them.
 def recut(
     search: Search,
     groups: Sequence[tuple[str, ...]],
