@@ -3,18 +3,12 @@
 The demo is a list of steps, :data:`DEMO_STEPS`; each step reads and extends a shared
 :class:`DemoContext`: profile the model, solve for ``topologies/cpu.yaml`` (this machine's
 CPU processes), run a few training steps with exactly that plan and print predicted against
-measured. More steps can be added with :func:`add_step`.
+measured.
 
 Example::
 
     $ pipeplan demo
     $ pipeplan demo --model cnn --out out/demo
-
-    # in a later command module:
-    def _solve(ctx: DemoContext) -> None:
-        ctx.results["plan"] = solve(ctx.results["profile"], ...)
-
-    add_step("solve", _solve)
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ __all__ = [
     "DEMO_STEPS",
     "DemoContext",
     "DemoStep",
-    "add_step",
     "examples_dir",
     "register",
     "run_demo",
@@ -120,28 +113,11 @@ def _run_step(ctx: DemoContext) -> None:
     print_run_report(report, ctx.console)
 
 
-DEMO_STEPS: list[tuple[str, DemoStep]] = [
+DEMO_STEPS: tuple[tuple[str, DemoStep], ...] = (
     ("profile", _profile_step),
     ("solve", _solve_step),
     ("run", _run_step),
-]
-
-
-def add_step(name: str, step: DemoStep, *, after: str | None = None) -> None:
-    """Add ``step`` to the demo, at the end or right after the step named ``after``.
-
-    Adding a name twice replaces the earlier step (so re-importing a module is harmless).
-
-    Example::
-
-        add_step("solve", solve_step, after="profile")
-    """
-    names = [n for n, _ in DEMO_STEPS]
-    if name in names:
-        DEMO_STEPS[names.index(name)] = (name, step)
-        return
-    index = names.index(after) + 1 if after in names else len(DEMO_STEPS)
-    DEMO_STEPS.insert(index, (name, step))
+)
 
 
 def examples_dir() -> Path:
