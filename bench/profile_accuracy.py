@@ -73,13 +73,13 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "target": f"both ratios within {TOLERANCE:.0%} of {TARGET:g}",
         "repeat": repeat,
-        "runs": [measure(repeat, warmup, timing) for timing in ("layer", "pass")],
+        "rows": [measure(repeat, warmup, timing) for timing in ("layer", "pass")],
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     print("| timing | fwd+bwd ratio (layers 2-3 / 0-1) | fwd ratio | layers / whole pass |")
     print("|---|---|---|---|")
-    for run in result["runs"]:
+    for run in result["rows"]:
         sums = "-"
         if "layers_over_pass_forward" in run:
             sums = f"fwd {run['layers_over_pass_forward']}, bwd {run['layers_over_pass_backward']}"
