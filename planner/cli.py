@@ -81,7 +81,12 @@ def fail(message: str, *, code: int = 2) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the ``pipeplan`` console script."""
+    """Entry point of the ``pipeplan`` console script.
+
+    Example::
+
+        main(["solve", "profiles/gpt.json", "--topology", "topologies/nvlink.yaml"])
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]

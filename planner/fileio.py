@@ -55,7 +55,12 @@ def check_output_path(path: str | os.PathLike[str], *, field: str | None = None)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file and rename."""
+    """Write ``data`` to ``path`` via a temporary file and rename.
+
+    Example::
+
+        atomic_write_bytes("params.pt", buffer.getvalue())
+    """
     target = check_output_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -79,17 +84,32 @@ def _umask() -> int:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    """Write ``text`` (UTF-8) to ``path`` atomically.
+
+    Example::
+
+        atomic_write_text("plan.svg", svg)
+    """
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    """Write ``obj`` as indented JSON to ``path`` atomically.
+
+    Example::
+
+        atomic_write_json("plan.json", plan.to_dict())
+    """
     return atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, turning a missing file or bad syntax into an :class:`InputError`."""
+    """Read a JSON file, turning a missing file or bad syntax into an :class:`InputError`.
+
+    Example::
+
+        data = read_json("profiles/gpt.json")
+    """
     source = Path(path)
     if not source.is_file():
         raise InputError("file does not exist", file=str(source))
@@ -100,7 +120,12 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex SHA-256 of a file's bytes."""
+    """Hex SHA-256 of a file's bytes.
+
+    Example::
+
+        sha256_file("profiles/gpt.json") == plan.profile.sha256
+    """
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

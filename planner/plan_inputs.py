@@ -121,7 +121,12 @@ def plan_inputs(
     got = PlanInputs(None, None, None, None, plan.schedule, None)
     if profile:
         got.profile_path = locate(plan.profile, "profile", plan_path)
-        assert got.profile_path is not None
+        if got.profile_path is None:
+            raise InputError(
+                "the plan names no profile file, so it cannot be re-simulated",
+                file=str(plan_path),
+                field="profile.path",
+            )
         got.profile = load_profile(got.profile_path)
     got.topology_path = locate(plan.topology, "topology", plan_path) if topology else None
     if got.topology_path is not None:

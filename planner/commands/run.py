@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from planner.errors import InputError
 from planner.fileio import atomic_write_bytes, atomic_write_json, check_output_path
 from planner.plan import Plan
 from planner.profile.schema import load_profile
+
+if TYPE_CHECKING:
+    from planner.runtime.report import RunReport
 
 __all__ = ["register", "run_command"]
 
@@ -146,27 +149,19 @@ def run_command(
 
 
 def _write_outputs(
-    report: Any, plan_path: Path, trace: Path | None, calibrate: Path | None, params: Path | None
+    report: RunReport,
+    plan_path: Path,
+    trace: Path | None,
+    calibrate: Path | None,
+    params: Path | None,
 ) -> dict[str, str]:
     """Write what --trace, --calibrate and --save-params ask for; returns what was written."""
     outputs: dict[str, str] = {}
     if trace is not None:
         # lazy: `pipeplan --help` need not load the runtime or the renderer
-        from planner.runtime.report import measured_trace
+        from planner.runtime.report import trace_with_prediction
 
-        plan = Plan.load(plan_path)
-        data = measured_trace(report, plan.schedule)
-        try:  # the plan's simulated step beside it, when its profile is at hand
-            from planner.plan_inputs import resimulate
-            from planner.render import render_trace
-            from planner.runtime.report import side_by_side
-
-            data = side_by_side(data, render_trace(resimulate(plan, plan_path)))
-        except InputError as exc:
-            report.notes.append(f"trace: measured step only; cannot re-simulate: {exc.message}")
-        except AssertionError:  # a plan without a profile path
-            report.notes.append("trace: measured step only; the plan names no profile")
-        atomic_write_json(trace, data)
+        atomic_write_json(trace, trace_with_prediction(report, Plan.load(plan_path), plan_path))
         outputs["trace"] = str(trace)
     if calibrate is not None:
         outputs["calibrated_profile"] = str(_calibrate(plan_path, report, calibrate))
@@ -186,7 +181,7 @@ def _save_params(parameters: dict[str, Any], out: Path) -> Path:
     return atomic_write_bytes(out, buffer.getvalue())
 
 
-def _calibrate(plan_path: Path, report: Any, out: Path) -> Path:
+def _calibrate(plan_path: Path, report: RunReport, out: Path) -> Path:
     from planner.runtime.calibrate import calibrated_profile  # lazy: not needed by --help
 
     if report.profile_path is None:

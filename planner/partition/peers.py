@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.partition import baselines as bl
+from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule.families import family
@@ -302,9 +303,6 @@ class PeerJudge:
         """A lower bound of ``config``'s simulated time, per sample
         (:func:`planner.partition.bounds.search_bound_ms`); peers whose configurations
         coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
-        # lazy: `import planner` need not load the bounds (the solver loads them on use)
-        from planner.partition.bounds import search_bound_ms
-
         key = (
             config.stages,
             config.recompute,
@@ -329,8 +327,6 @@ class PeerJudge:
         """Whether ``config`` cannot fit with or without recompute: a device's weights,
         gradients and optimizer state alone exceed its memory
         (:func:`planner.partition.bounds.overflows_memory`); nothing to simulate."""
-        from planner.partition.bounds import overflows_memory  # lazy: as search_bound_ms
-
         return overflows_memory(self.profile, self.topology, config.specs(), config.schedule)
 
     def settle(self, config: PeerConfig) -> PeerRun:

@@ -2,7 +2,6 @@
 
 from planner.profile.loader import UserModel, default_loss, load_model_file, model_name
 from planner.profile.measure import (
-    OPTIMIZERS,
     measure_layer,
     optimizer_state_bytes,
     parse_microbatch_sizes,
@@ -30,7 +29,6 @@ __all__ = [
     "load_profile",
     "profile_from_dict",
     # measuring (torch is imported only when these run; split imports it, so it is lazy)
-    "OPTIMIZERS",
     "SplitModel",
     "Stage",
     "UserModel",

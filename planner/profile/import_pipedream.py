@@ -38,7 +38,6 @@ from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 
 __all__ = [
     "KNOWN_PROFILES",
-    "OPTIMIZER_STATE_FACTORS",
     "PipeDreamNode",
     "PipeDreamGraph",
     "import_pipedream",
@@ -49,7 +48,6 @@ __all__ = [
 DEFAULT_DEVICE = "unknown: published PipeDream profile"
 
 # Optimizer state per parameter byte (fp32 state for fp32 parameters).
-OPTIMIZER_STATE_FACTORS = STATE_FACTORS  # planner.optimizers: state per byte of parameters
 
 # Profiles published in the PipeDream repository whose minibatch size we could establish, by
 # the SHA-256 of the file. vgg16: profiler/image_classification/README.md runs `-b 128`, and
@@ -357,7 +355,7 @@ def import_pipedream(
     ``microbatch_size`` is the minibatch size the file was measured at (nothing is rescaled);
     by default it is taken from :data:`KNOWN_PROFILES` for the files published with
     PipeDream, else 1. ``optimizer`` picks the optimizer state per parameter byte
-    (:data:`OPTIMIZER_STATE_FACTORS`).
+    (:data:`planner.optimizers.STATE_FACTORS`).
 
     Example::
 
@@ -384,7 +382,7 @@ def import_pipedream(
     by_id = {n.node_id: n for n in graph.nodes}
     index = {node_id: i for i, node_id in enumerate(order)}
     nodes = [by_id[i] for i in order]
-    factor = OPTIMIZER_STATE_FACTORS[optimizer]
+    factor = STATE_FACTORS[optimizer]
     layers = []
     timings = []
     for node in nodes:

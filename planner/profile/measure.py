@@ -55,7 +55,7 @@ from typing import Any
 
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
-from planner.optimizers import STATE_FACTORS, make_optimizer, optimizer_state_bytes
+from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
@@ -74,7 +74,6 @@ from planner.profile.tied import find_tied_parameters
 from planner.tensors import detach, tensors, to_device
 
 __all__ = [
-    "OPTIMIZERS",
     "TIMING_METHODS",
     "check_device",
     "check_timing",
@@ -84,9 +83,6 @@ __all__ = [
     "profile_model",
     "measure_layer",
 ]
-
-# Bytes of optimizer state per byte of parameters: Adam keeps two moments, momentum one buffer.
-OPTIMIZERS = STATE_FACTORS  # the optimizers a profile may name (planner.optimizers)
 
 TIMING_METHODS = ("pass", "layer")
 """``pass``: layers timed inside whole passes; ``layer``: each layer on its own (see above)."""

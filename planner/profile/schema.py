@@ -242,7 +242,12 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 
 
 def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
-    """Validate a decoded profile; every problem is an InputError naming the field."""
+    """Validate a decoded profile; every problem is an InputError naming the field.
+
+    Example::
+
+        profile_from_dict(json.load(open("profiles/gpt.json")), source="profiles/gpt.json")
+    """
     v = _Validator(source)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object at the top level", file=source)

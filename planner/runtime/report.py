@@ -21,12 +21,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner.errors import InputError
+from planner.plan_inputs import resimulate
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
 from planner.simulate import SimEvent, SimResult
 from planner.units import format_bytes
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
     from planner.plan import Plan
@@ -38,6 +42,7 @@ __all__ = [
     "measured_trace",
     "print_run_report",
     "side_by_side",
+    "trace_with_prediction",
 ]
 
 
@@ -358,3 +363,19 @@ def print_run_report(report: RunReport, console: Console) -> None:
     console.print(mem)
     for note in report.notes:
         console.print(f"note: {note}")
+
+
+def trace_with_prediction(report: RunReport, plan: Plan, plan_path: Path) -> dict[str, Any]:
+    """The measured step as a Chrome/Perfetto trace, beside the plan's simulated step when
+    the plan's profile is at hand (else a note in ``report`` says why not).
+
+    Example::
+
+        atomic_write_json("measured.json", trace_with_prediction(report, plan, plan_path))
+    """
+    data = measured_trace(report, plan.schedule)
+    try:
+        return side_by_side(data, render_trace(resimulate(plan, plan_path)))
+    except InputError as exc:
+        report.notes.append(f"trace: measured step only; cannot re-simulate: {exc.message}")
+        return data

@@ -143,6 +143,10 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
 
     ``config`` is what :func:`planner.runtime.runner.worker_config` builds (its plan read
     and validated once, by ``WorkerConfig.from_dict`` or the caller).
+
+    Example::
+
+        worker_main(rank, worker_config(plan, settings, placement, "model.py", steps=5, ...))
     """
     import torch
 

@@ -23,7 +23,9 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from planner.errors import InputError
 
@@ -46,17 +48,19 @@ class Family:
         return 1 if self.flush else 2
 
 
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family("gpipe"),
-        Family("1f1b"),
-        Family("interleaved", interleaved=True),
-        Family("zb", split_backward=True),
-        Family("2bw", flush=False),
-        Family("optimized", searched=True),
-    )
-}
+FAMILIES: Mapping[str, Family] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            Family("gpipe"),
+            Family("1f1b"),
+            Family("interleaved", interleaved=True),
+            Family("zb", split_backward=True),
+            Family("2bw", flush=False),
+            Family("optimized", searched=True),
+        )
+    }
+)
 
 
 def family(name: str) -> Family:

@@ -25,7 +25,12 @@ __all__ = ["default_warmup", "onef1b_order"]
 
 
 def default_warmup(num_stages: int, stage: int) -> int:
-    """1F1B's warm-up depth of ``stage``: ``p - s - 1`` forwards before the first backward."""
+    """1F1B's warm-up depth of ``stage``: ``p - s - 1`` forwards before the first backward.
+
+    Example::
+
+        [default_warmup(4, s) for s in range(4)]   # [3, 2, 1, 0]
+    """
     return num_stages - stage - 1
 
 

@@ -69,6 +69,8 @@ class CompiledShape:
 
 
 class CacheInfo(NamedTuple):
+    """A :class:`ShapeCache`'s counters, as ``functools.lru_cache``'s ``cache_info()``."""
+
     hits: int
     misses: int
     size: int

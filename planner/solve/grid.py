@@ -21,7 +21,7 @@ from typing import Any
 from planner.partition.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_ms
 from planner.solve.candidate import Candidate, Scored
 from planner.solve.dp_candidates import DpCand
-from planner.solve.options import INTERLEAVED_SEEDS, VIRTUAL_CHUNKS
+from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, VIRTUAL_CHUNKS
 from planner.solve.recut import interleaved, recut
 from planner.solve.search import Search, make_candidate
 
@@ -75,7 +75,7 @@ def grid_interleaved(
     ranked = []
     for i, c in enumerate(grid):
         p = len(c.stages)
-        if c.schedule != "1f1b" or p < 2 or n < 2 * p:
+        if c.schedule != INTERLEAVED_BASE or p < 2 or n < 2 * p:
             continue
         args = (search.profile, search.topology, c.specs(), c.num_microbatches, c.microbatch_size)
         busy = busy_bound_ms(*args)

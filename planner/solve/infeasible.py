@@ -19,6 +19,7 @@ from planner.cost import stage_memory_bytes
 from planner.errors import InfeasibleError
 from planner.partition.dp import Slot, layer_costs, partition_chain
 from planner.profile.schema import Profile
+from planner.schedule.families import is_interleaved
 from planner.solve.memory import in_flight
 from planner.units import format_bytes
 
@@ -90,15 +91,20 @@ def nothing_fits(
 
 
 def schedule_does_not_fit(schedule: str) -> InfeasibleError:
-    """A requested schedule (interleaved) with no shape that runs and fits, where others do.
+    """A requested schedule with no shape that runs and fits, where others do.
 
     Example::
 
         raise schedule_does_not_fit("interleaved")
     """
+    if is_interleaved(schedule):
+        return InfeasibleError(
+            f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
+            "with at least 2 layers per device and a number of microbatches that is a "
+            "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
+            field="--schedule",
+        )
     return InfeasibleError(
-        f"no {schedule} plan fits: the interleaved schedule needs a stage per device "
-        "with at least 2 layers per device and a number of microbatches that is a "
-        "multiple of the pipeline's devices; try --schedule 1f1b or other --microbatches",
+        f"no {schedule} plan fits in memory where other schedules' do; try --schedule auto",
         field="--schedule",
     )

@@ -17,6 +17,7 @@ from planner.schedule.families import FAMILIES
 
 __all__ = [
     "AUTO_SCHEDULES",
+    "INTERLEAVED_BASE",
     "ILP_MAX_CELLS",
     "ILP_MAX_DEVICES",
     "INTERLEAVED_SEEDS",
@@ -31,6 +32,9 @@ __all__ = [
 SCHEDULE_CHOICES = ("auto", *(n for n, f in FAMILIES.items() if not f.searched))
 # Synchronous schedules "auto" tries, most conventional first (ties keep the earlier one).
 AUTO_SCHEDULES = ("1f1b", "gpipe", "zb", "interleaved")
+# Interleaved with one chunk per device is 1F1B: the shapes the search re-cuts into chunks,
+# and the schedule the peers' defaults use when the request is auto or interleaved.
+INTERLEAVED_BASE = "1f1b"
 
 # The ILP's model grows with stages x devices^2; beyond this the DP + local search decide.
 ILP_MAX_DEVICES = 32

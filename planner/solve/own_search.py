@@ -60,7 +60,7 @@ def _candidate_search(
             grid.extend(grid_shapes(search, cands, sched, mb, m))
     starts = LOCAL_STARTS if scale <= 2048 else 1
     scored.extend(by_bound(search, grid, scored, "grid", starts))
-    if "interleaved" in schedules:
+    if any(family(s).interleaved for s in schedules):
         chunked = grid_interleaved(search, grid, scored)
         scored.extend(by_bound(search, chunked, scored, "grid interleaved", starts))
     use_ilp = opts.use_ilp
@@ -106,7 +106,7 @@ def own_search(
         return scored
     best = min(scored, key=Scored.key)
     scored.extend(other_schedules(search, best, schedules))
-    if "interleaved" in schedules:
+    if any(family(s).interleaved for s in schedules):
         # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
         count = INTERLEAVED_SEEDS if scale <= 2048 else 1
         pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 from planner.partition.peers import PeerBest, PeerConfig, PeerJudge, default_outcomes, tune_peers
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
+from planner.schedule.families import family
 from planner.solve.candidate import Candidate, Scored
 from planner.solve.local import local_budget, local_search
+from planner.solve.options import INTERLEAVED_BASE
 from planner.solve.search import Search, make_candidate
 
 if TYPE_CHECKING:
@@ -130,7 +132,8 @@ def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: s
 
     judge = PeerJudge(search.profile, search.topology, simulator=simulate_peer)
     tuned = tune_peers(search.profile, search.topology, settings, schedules=override, judge=judge)
-    base_sched = "1f1b" if schedule in ("auto", "interleaved") else schedule
+    interleaves = schedule == "auto" or family(schedule).interleaved
+    base_sched = INTERLEAVED_BASE if interleaves else schedule
     defaults: dict[str, Scored] = {}
     failed: dict[str, str] = {}
     for mb, m in settings:

@@ -30,6 +30,10 @@ def all_pairs_bottleneck(graph: nx.Graph, rank: dict[str, int], n: int) -> np.nd
 
     Two devices first share a component when the link that joins their components is added;
     that link's bandwidth is the best bottleneck any route between them can have.
+
+    Example::
+
+        width = all_pairs_bottleneck(graph, rank, len(devices))   # width[i, j]: bytes/s
     """
     out = np.zeros((n, n), dtype=np.float64)
     np.fill_diagonal(out, math.inf)
@@ -67,6 +71,10 @@ def widest_from(adj: list[list[tuple[int, float, float]]], source: int, n: int) 
 
     A max-bottleneck Dijkstra (the bottleneck has optimal substructure) that does not expand
     devices other than ``source``; ranks ``< n`` are devices. Unreachable devices get 0.
+
+    Example::
+
+        widest_from(adj, rank["gpu0"], n)[rank["gpu3"]]   # best bottleneck gpu0 -> gpu3
     """
     best = [0.0] * len(adj)
     best[source] = math.inf
@@ -101,6 +109,10 @@ def fewest_hops(
     under ``relay: switches``) other than the source are reached but not expanded. Neighbours
     are visited in rank order, so each route is the lexicographically smallest among the
     fewest-hop ones.
+
+    Example::
+
+        parent, hops, latency = fewest_hops(adj, src, width, [dst])
     """
     size = len(adj)
     parent = [-1] * size
@@ -127,6 +139,12 @@ def fewest_hops(
 
 
 def first_duplicate(names: Iterable[str]) -> str:
+    """The first name that comes twice ("" when none does).
+
+    Example::
+
+        first_duplicate(["gpu0", "gpu1", "gpu0"])   # "gpu0"
+    """
     seen: set[str] = set()
     for name in names:
         if name in seen:
