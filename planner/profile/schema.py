@@ -21,6 +21,7 @@ from typing import Any
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
 from planner.precision import PRECISIONS
+from planner.profile.pass_timing import pass_ratio
 from planner.profile.tied import TiedParameter
 
 __all__ = [
@@ -113,8 +114,10 @@ class Measurement:
         """
         if not self.pass_forward_ms or not self.pass_backward_ms:
             return None
-        forward = sum(t.forward_ms for t in self.layers) / self.pass_forward_ms
-        backward = sum(t.backward_ms for t in self.layers) / self.pass_backward_ms
+        forward = pass_ratio([t.forward_ms for t in self.layers], self.pass_forward_ms)
+        backward = pass_ratio([t.backward_ms for t in self.layers], self.pass_backward_ms)
+        if forward is None or backward is None:
+            return None
         return forward, backward
 
     def to_dict(self) -> dict[str, Any]:
