@@ -399,3 +399,19 @@ def test_torchtitan_refuses_what_its_splitter_cannot_keep(tmp_path: Path) -> Non
         (export_plan(plan, "torch", tmp_path / "t4").out_dir / "pipeline.json").read_text()
     )
     assert cfg["split_points"] == ["blocks.2"] and cfg["stages"][1]["modules"] is None
+
+
+def test_hugging_face_model_exports_and_trains_like_one_process(tmp_path: Path) -> None:
+    """A Hugging Face model's last stage returns a ModelOutput, which torch's PipelineStage
+    does not take: the exported stage gives its ``.logits`` (what the loss reads)."""
+    pytest.importorskip("transformers")
+    from planner.profile.measure import profile_model
+
+    model = ROOT / "examples" / "hf_llama.py"
+    prof = tmp_path / "hf_llama.json"
+    profile_model(model, [2], repeat=1, warmup=0, optimizer="momentum").save(prof)
+    plan = make_plan(tmp_path, "hf_llama", "0-2:cpu0;3-6:cpu1", "1f1b", 2, 2, profile=prof)
+    result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    got = run_exported(result.out_dir, result.world_size, 2)
+    ref = train_single_process(model, steps=2, batch_size=4, optimizer="momentum", lr=0.05)
+    check_same(got, ref.losses, ref.parameters)

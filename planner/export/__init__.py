@@ -73,6 +73,13 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
             file=str(model),
             field="--model",
         )
+    if user.takes_whole_output():
+        raise InputError(
+            "loss_fn takes the whole Hugging Face ModelOutput, but torch's PipelineStage "
+            "passes tensors only; export gives the last stage's .logits: make loss_fn take them",
+            file=str(model),
+            field="loss_fn",
+        )
     torch.manual_seed(0)
     net = user.build()
     inputs, _ = user.batch(source.plan.microbatch_size)

@@ -99,6 +99,27 @@ def recomputed(module: nn.Module, recompute: bool) -> nn.Module:
     return Recompute(module) if recompute else module
 
 
+class Logits(nn.Module):
+    """The last stage of a model that returns a Hugging Face ``ModelOutput``: torch's
+    PipelineStage passes on tensors only, so it gets the ``.logits`` (what pipeplan's loss
+    reads unless ``loss_fn`` takes the whole output, which an export refuses)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        out = self.inner(*args)
+        return out.logits if hasattr(out, "logits") else out
+
+
+def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any]) -> nn.Module:
+    """What a PipelineStage runs for ``stage``: recomputed where the plan says, and the last
+    stage's Hugging Face output reduced to its logits."""
+    module = recomputed(module, cfg["stages"][stage]["recompute"])
+    return Logits(module) if stage == len(cfg["stages"]) - 1 else module
+
+
 def take(value: Any, rows: list[int], mbs: int) -> Any:
     """The microbatches ``rows`` (each ``mbs`` samples) of a batch, concatenated."""
     if isinstance(value, torch.Tensor):
@@ -129,7 +150,7 @@ def build_stages(
         )
         assert pipe.num_stages == num_stages, f"torch split into {pipe.num_stages} stages"
         built = [pipe.build_stage(s, device, group) for s in local]
-        for stage, s in zip(built, local, strict=True):
+        for stage, s in zip(built, local, strict=True):  # torch's split returns tensors
             stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
         return built, [pipe.get_stage_module(s) for s in local], None
     from planner.export.stages import PipeplanStages  # lazy: --split torch needs no pipeplan
@@ -139,7 +160,7 @@ def build_stages(
     )
     stages = [
         PipelineStage(
-            recomputed(cut.modules[s].to(device), cfg["stages"][s]["recompute"]),
+            stage_module(cut.modules[s].to(device), s, cfg),
             s,
             num_stages,
             device,
@@ -191,11 +212,10 @@ def main() -> None:
     local = [s for s, r in enumerate(cfg["stage_to_rank"]) if r == pp_rank]
     stages, modules, cut = build_stages(args, cfg, model, sample, local, device, pp_groups[replica])
     user_loss = getattr(user, "loss_fn", None) or default_loss
-    whole = wants_whole_output(user_loss)
+    if wants_whole_output(user_loss):  # the last stage gives torch its .logits (Logits)
+        raise SystemExit("train_pipeline.py: loss_fn takes the whole ModelOutput; give it logits")
 
     def loss_fn(outputs: Any, targets: Any) -> torch.Tensor:
-        if hasattr(outputs, "logits") and not whole:
-            outputs = outputs.logits
         # Mean over all microbatches of all replicas: scale here, not in torch (scale_grads).
         return user_loss(outputs, targets) / m
 
