@@ -167,6 +167,14 @@ def test_run_report_says_whether_compute_explains_the_gap() -> None:
     elsewhere = _report(130.0, {"F0": 2.0, "B0": 4.0, "F1": 2.0, "B1": 4.0})
     explain_gap(elsewhere, _profile(), plan)
     assert "outside the stages' compute" in elsewhere.notes[-1]
+    # Compute 1.6x slow more than explains a 1.2x slower run (the demo's case).
+    slower = _report(120.0, {"F0": 3.2, "B0": 6.4, "F1": 2.0, "B1": 4.0})
+    explain_gap(slower, _profile(), plan)
+    assert "how fast the stages computed" in slower.notes[-1]
+    # A faster run with slower compute is not explained by compute.
+    faster = _report(80.0, {"F0": 2.6, "B0": 5.2, "F1": 2.0, "B1": 4.0})
+    explain_gap(faster, _profile(), plan)
+    assert "outside the stages' compute" in faster.notes[-1]
     close = _report(110.0, {"F0": 2.6, "B0": 5.2})
     explain_gap(close, _profile(), plan)
     assert close.notes == [] and close.compute_ratio == pytest.approx(1.3)

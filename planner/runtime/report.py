@@ -153,7 +153,13 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
     ratio = report.ratio
     if ratio is None or abs(ratio - 1.0) <= 0.15:
         return
-    if abs(report.compute_ratio - ratio) <= 0.1:
+    # The stages' compute explains the gap when it is off the profile by as much, or more,
+    # in the same direction (slower compute for a slower run, faster for a faster one).
+    if ratio > 1.0:
+        explained = report.compute_ratio >= ratio - 0.1
+    else:
+        explained = report.compute_ratio <= ratio + 0.1
+    if explained:
         why = (
             "most of the gap is how fast the stages computed (machine load, clocks, cores "
             "shared), not the schedule; --calibrate folds it into a profile"
