@@ -21,7 +21,7 @@ from typing import Any
 
 from planner.errors import InputError
 
-__all__ = ["PRECISIONS", "autocast", "autocast_dtype", "check_precision"]
+__all__ = ["PRECISIONS", "autocast", "autocast_dtype", "check_precision", "check_fp16_schedule"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 """Precisions a profile and a run may name; fp32 is plain training without autocast."""
@@ -39,6 +39,25 @@ def check_precision(name: Any, *, field: str = "--precision", file: str | None =
             f"expected one of {', '.join(PRECISIONS)}, got {name!r}", file=file, field=field
         )
     return str(name)
+
+
+def check_fp16_schedule(
+    precision: str, schedule: str, flush: bool, *, file: str | None = None, field: str = "schedule"
+) -> None:
+    """Refuse fp16 under a schedule without a flush (2bw): loss scaling skips a step on
+    every stage at once, which overlapping iterations with stale weights cannot do.
+
+    Example::
+
+        check_fp16_schedule("fp16", "2bw", flush=False)   # InputError
+    """
+    if precision == "fp16" and not flush:
+        raise InputError(
+            f"fp16 loss scaling skips a step on every stage at once, which the {schedule} "
+            "schedule (no flush, stale weights) cannot do; use bf16, or a schedule with a flush",
+            file=file,
+            field=field,
+        )
 
 
 def autocast_dtype(precision: str) -> Any:

@@ -148,6 +148,26 @@ def test_fp16_refuses_2bw_and_a_precision_other_than_the_profiles() -> None:
     assert run_precision(RunSettings(5), None) == "fp32"
 
 
+def test_fp16_2bw_is_refused_before_a_plan_is_made() -> None:
+    """solve and simulate refuse what run would refuse, instead of writing such a plan."""
+    from dataclasses import replace
+
+    from planner.cost import synthetic_profile
+    from planner.simulate import simulate
+    from planner.solve import solve
+    from planner.topology import load_topology
+
+    fp16 = replace(synthetic_profile(4), precision="fp16")
+    with pytest.raises(InputError, match="2bw schedule") as info:
+        simulate(fp16, None, "0-1:a;2-3:b", "2bw", 4)
+    assert info.value.field == "schedule"
+    assert simulate(fp16, None, "0-1:a;2-3:b", "1f1b", 4).iteration_ms > 0
+    topology = load_topology(ROOT / "topologies" / "cpu.yaml")
+    with pytest.raises(InputError, match="2bw schedule") as info:
+        solve(fp16, topology, schedule="2bw")
+    assert info.value.field == "--schedule"
+
+
 # -- the whole chain from the command line ---------------------------------------------
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from planner.errors import InputError
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
-from planner.precision import check_precision
+from planner.precision import check_fp16_schedule, check_precision
 from planner.profile.loader import load_model_file
 from planner.profile.schema import load_profile
 from planner.runtime.launch import launch_local
@@ -180,14 +180,8 @@ def run_precision(
                 field="--precision",
             )
     chosen = str(asked or profiled or "fp32")
-    if chosen == "fp16" and schedule is not None and not schedule.flush:
-        raise InputError(
-            f"fp16 loss scaling skips a step on every stage at once, which the "
-            f"{schedule.name} schedule (no flush, stale weights) cannot do; use bf16, or a "
-            "schedule with a flush",
-            file=plan_source,
-            field="schedule",
-        )
+    if schedule is not None:
+        check_fp16_schedule(chosen, schedule.name, schedule.flush, file=plan_source)
     return chosen
 
 

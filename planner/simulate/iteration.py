@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import (
     Schedule,
@@ -98,6 +99,7 @@ def simulate(
         sched = schedule
         if validate:
             validate_schedule(sched, stages)
+    check_fp16_schedule(profile.precision, sched.name, sched.flush)
     result = _time(profile, topology, stages, sched, mbs, step_ms, events, engine)
     result.lower_bound_ms = lower_bound_ms(
         profile,

@@ -15,7 +15,9 @@ import time
 
 from planner.errors import InputError
 from planner.plan import Plan
+from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
+from planner.schedule.families import family
 from planner.solve.arguments import batch_settings, check_args
 from planner.solve.candidate import Scored
 from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
@@ -73,6 +75,8 @@ def solve(
         microbatches = num_microbatches
     opts = options or SolveOptions()
     check_args(topology, global_batch, microbatches, schedule, time_limit)
+    if schedule != "auto":
+        check_fp16_schedule(profile.precision, schedule, family(schedule).flush, field="--schedule")
     settings = batch_settings(profile, global_batch, microbatches, len(topology.devices))
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
     search = Search(profile, topology, opts, time_limit)
