@@ -255,6 +255,13 @@ def gpt2_small_profile_seconds(tmp: Path, threads: int) -> float:
 def main() -> int:
     from hf_zoo import ARCHITECTURES
 
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        return 0
+    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a != "--quick"]
+    if unknown:
+        print(f"bench/models.py: unknown option {unknown[0]}; see --help", file=sys.stderr)
+        return 2
     quick = "--quick" in sys.argv
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or (
         ["gpt2-tied", "llama"] if quick else list(ARCHITECTURES)

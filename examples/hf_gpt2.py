@@ -8,7 +8,7 @@ forward, so pipeplan captures it with torch.export and cuts it between the block
 tied to ``transformer.wte.weight``), so a plan that puts the embedding and the head on
 different stages holds that matrix on both; the runtime keeps the copies identical.
 
-Needs ``pip install 'pipeplan[hf]'`` (transformers).
+Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 

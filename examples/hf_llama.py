@@ -7,7 +7,7 @@ and the causal mask are computed once, before the first decoder layer, and read 
 layer: they cross each cut as carried values, counted in the bytes that cross it. The
 sample batch passes keyword inputs, an attention mask among them.
 
-Needs ``pip install 'pipeplan[hf]'`` (transformers).
+Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 

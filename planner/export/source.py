@@ -133,7 +133,8 @@ def _refuse_profile(plan: Plan, profile: Profile, profile_path: str, where: str)
             raise InputError(
                 f"parameter {tie.name!r} is tied across stages {holders}: "
                 "torch.distributed.pipelining keeps a separate copy per stage and never "
-                "syncs them; solve with the tied layers in one stage",
+                "syncs them; put the layers that share it in one stage (pipeplan simulate "
+                "--stages ... -o plan.json), or train this plan with pipeplan run",
                 file=where,
                 field="stages",
             )
