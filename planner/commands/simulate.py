@@ -224,6 +224,13 @@ def _resolve(
         prof, profile = got.profile, got.profile_path
     else:
         raise InputError("missing: give a profile (or --plan plan.json)", field="--profile")
+    if microbatch_size is not None and microbatch_size not in prof.microbatch_sizes:
+        raise InputError(
+            f"microbatch size {microbatch_size} was not profiled; profiled sizes are "
+            f"{list(prof.microbatch_sizes)}",
+            file=str(profile),
+            field="--microbatch-size",
+        )
     topo = got.topology if got is not None else None
     if topology is not None:
         topo = load_topology(topology)

@@ -409,7 +409,9 @@ def capture_model(
     if capture == "fx" or (capture == "auto" and not keyword):
         if keyword:
             raise InputError(
-                "torch.fx capture takes positional inputs only; use --capture export",
+                "torch.fx capture takes positional inputs only, and sample_batch returns "
+                "keyword inputs; use --capture export (or auto)",
+                file=None if source is None else str(source),
                 field="--capture",
             )
         try:
