@@ -25,6 +25,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from planner.errors import InputError
@@ -39,6 +40,7 @@ __all__ = [
     "SimulatedRun",
     "SolverInfo",
     "WithoutPeers",
+    "path_for_plan",
 ]
 
 
@@ -163,6 +165,24 @@ def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 def _without_none(pairs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in pairs.items() if v is not None}
+
+
+def path_for_plan(path: str | os.PathLike[str], plan_path: str | os.PathLike[str]) -> str:
+    """How a plan saved at ``plan_path`` names an input file so that it is found from any
+    folder: a relative path as given when the plan is written in the current folder, else
+    relative to the plan's folder (a plan's files are looked up in the current folder, then
+    beside the plan); absolute paths as given.
+
+    Example::
+
+        path_for_plan("profiles/gpt.json", "plan.json")        # 'profiles/gpt.json'
+        path_for_plan("profiles/gpt.json", "out/plan.json")    # '../profiles/gpt.json'
+    """
+    given = Path(path)
+    plan_dir = Path(plan_path).resolve().parent
+    if given.is_absolute() or plan_dir == Path.cwd().resolve():
+        return str(path)
+    return os.path.relpath(given.resolve(), plan_dir)
 
 
 # ---------------------------------------------------------------------------- file refs

@@ -202,3 +202,36 @@ def test_lower_bound_is_the_one_simulate_and_show_report(
         code, out, err = _run([*verb, "--json"], capsys)
         assert code == 0, err
         assert json.loads(out)["lower_bound_ms"] == pytest.approx(pred.lower_bound_ms)
+
+
+def test_a_plan_written_elsewhere_finds_its_files_from_any_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative inputs are named relative to the plan's folder when -o writes it elsewhere,
+    so show (and run, export) find them from any current folder."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "plans" / "plan.json"
+    out.parent.mkdir()
+    args = ["solve", "--profile", "profiles/mlp.json", "--topology", "topologies/cpu.yaml"]
+    code, _, err = _run([*args, "-o", str(out)], capsys)
+    assert code == 0, err
+    plan = Plan.load(out)
+    assert plan.profile.path is not None and not Path(plan.profile.path).is_absolute()
+    assert (out.parent / plan.profile.path).resolve() == ROOT / "profiles" / "mlp.json"
+    monkeypatch.chdir(tmp_path)
+    code, shown, err = _run(["show", str(out)], capsys)
+    assert code == 0, err
+    assert "microbatches" in shown
+    # In the current folder the path stays as typed.
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mlp.json").write_bytes((ROOT / "profiles" / "mlp.json").read_bytes())
+    args = [
+        "solve",
+        "--profile",
+        "profiles/mlp.json",
+        "--topology",
+        str(ROOT / "topologies/cpu.yaml"),
+    ]
+    code, _, err = _run([*args, "-o", "here.json"], capsys)
+    assert code == 0, err
+    assert Plan.load(tmp_path / "here.json").profile.path == "profiles/mlp.json"

@@ -27,6 +27,7 @@ import planner
 from planner.commands.profile import profile_table, run_profile
 from planner.commands.solve import print_plan
 from planner.errors import InputError
+from planner.plan_parts import path_for_plan
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -92,8 +93,8 @@ def _solve_step(ctx: DemoContext) -> None:
         topology,
         microbatches=2 * len(topology.devices),
         time_limit=20,
-        profile_path=str(ctx.results["profile_path"]),
-        topology_path=str(topology_path),
+        profile_path=path_for_plan(ctx.results["profile_path"], ctx.out_dir / "plan.json"),
+        topology_path=path_for_plan(topology_path, ctx.out_dir / "plan.json"),
     )
     path = ctx.out_dir / "plan.json"
     plan.save(path)

@@ -28,6 +28,7 @@ from planner.plan import (
     plan_from_simulation,
     stages_from_data,
 )
+from planner.plan_parts import path_for_plan
 from planner.profile import load_profile
 from planner.schedule import SCHEDULES, Schedule
 from planner.simulate import simulate
@@ -364,10 +365,16 @@ def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
     plan_from_simulation(
         result,
         got.stages,
-        profile=FileRef.of_file(str(got.profile_path)),
-        topology=FileRef(None) if topo is None else FileRef.of_file(topo),
+        profile=_file_ref(got.profile_path, output),
+        topology=FileRef(None) if topo is None else _file_ref(topo, output),
     ).save(output)
     return output
+
+
+def _file_ref(path: Path | str | None, output: Path) -> FileRef:
+    """The input file as the plan at ``output`` names it (found from any folder)."""
+    assert path is not None  # a profile is required before anything is simulated
+    return FileRef(path_for_plan(path, output), FileRef.of_file(path).sha256)
 
 
 def _emit(

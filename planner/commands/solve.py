@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from planner.fileio import check_output_path
+from planner.plan_parts import path_for_plan
 from planner.profile import load_profile
 from planner.solve import solve
 from planner.topology import load_topology
@@ -79,8 +80,8 @@ def solve_command(
         microbatches=microbatches,
         schedule=schedule,
         time_limit=time_limit,
-        profile_path=str(profile),
-        topology_path=str(topology),
+        profile_path=path_for_plan(profile, output),
+        topology_path=path_for_plan(topology, output),
     )
     plan.save(output)
     if as_json:
