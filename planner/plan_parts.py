@@ -214,6 +214,19 @@ class FileRef:
         """
         return cls(str(path), sha256_file(path))
 
+    def for_plan(self, plan_path: str | os.PathLike[str]) -> FileRef:
+        """This reference as a plan saved at ``plan_path`` names it (:func:`path_for_plan`),
+        read relative to the current folder now.
+
+        Example::
+
+            FileRef.of_file("profiles/gpt.json").for_plan("out/plan.json").path
+            # '../profiles/gpt.json'
+        """
+        if self.path is None or self.path.startswith("<"):
+            return self
+        return FileRef(path_for_plan(self.path, plan_path), self.sha256, self.extra)
+
     @classmethod
     def in_memory(cls, data: Any) -> FileRef:
         """An object that was never saved: ``"<memory>"`` and the sha256 of its JSON form.

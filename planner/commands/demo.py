@@ -27,7 +27,6 @@ import planner
 from planner.commands.profile import profile_table, run_profile
 from planner.commands.solve import print_plan
 from planner.errors import InputError
-from planner.plan_parts import path_for_plan
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -93,10 +92,11 @@ def _solve_step(ctx: DemoContext) -> None:
         topology,
         microbatches=2 * len(topology.devices),
         time_limit=20,
-        profile_path=path_for_plan(ctx.results["profile_path"], ctx.out_dir / "plan.json"),
-        topology_path=path_for_plan(topology_path, ctx.out_dir / "plan.json"),
+        profile_path=str(ctx.results["profile_path"]),
+        topology_path=str(topology_path),
     )
     path = ctx.out_dir / "plan.json"
+    plan.profile, plan.topology = plan.profile.for_plan(path), plan.topology.for_plan(path)
     plan.save(path)
     ctx.results["plan"] = plan
     ctx.results["plan_path"] = path

@@ -28,7 +28,6 @@ from planner.plan import (
     plan_from_simulation,
     stages_from_data,
 )
-from planner.plan_parts import path_for_plan
 from planner.profile import load_profile
 from planner.schedule import SCHEDULES, Schedule
 from planner.simulate import simulate
@@ -374,7 +373,7 @@ def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
 def _file_ref(path: Path | str | None, output: Path) -> FileRef:
     """The input file as the plan at ``output`` names it (found from any folder)."""
     assert path is not None  # a profile is required before anything is simulated
-    return FileRef(path_for_plan(path, output), FileRef.of_file(path).sha256)
+    return FileRef.of_file(path).for_plan(output)
 
 
 def _emit(

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from planner.fileio import check_output_path
-from planner.plan_parts import path_for_plan
 from planner.profile import load_profile
 from planner.solve import solve
 from planner.topology import load_topology
@@ -80,9 +79,11 @@ def solve_command(
         microbatches=microbatches,
         schedule=schedule,
         time_limit=time_limit,
-        profile_path=path_for_plan(profile, output),
-        topology_path=path_for_plan(topology, output),
+        profile_path=str(profile),
+        topology_path=str(topology),
     )
+    # Relative inputs as the plan's folder sees them, so it finds them from anywhere.
+    plan.profile, plan.topology = plan.profile.for_plan(output), plan.topology.for_plan(output)
     plan.save(output)
     if as_json:
         print(json.dumps(plan.to_dict(), indent=1))
