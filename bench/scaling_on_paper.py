@@ -42,10 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plan_summary import plan_summary
 from svgplot import line_plot
 
 from planner.errors import InfeasibleError
-from planner.partition.bounds import search_bound_ms
 from planner.profile import Layer, LayerTiming, Measurement, Profile
 from planner.solve import solve
 from planner.topology import Topology, topology_from_dict
@@ -129,31 +129,16 @@ def measure(model: str, gpus: int) -> dict[str, Any]:
     except InfeasibleError as exc:
         row.update(solve_s=round(time.perf_counter() - start, 2), plan=f"infeasible: {exc}"[:80])
         return row
-    it = plan.predicted.iteration_ms
-    bound = search_bound_ms(
-        profile,
-        topo,
-        plan.stages,
-        plan.schedule.name,
-        plan.num_microbatches,
-        plan.microbatch_size,
-    )
-    tuned = [b for b in plan.baselines if b.tuned and b.feasible]
-    best = min(tuned, key=lambda b: b.iteration_ms) if tuned else None
-    alone = plan.solver.without_peers.iteration_ms
+    seconds = round(time.perf_counter() - start, 2)
+    summary = plan_summary(profile, topo, plan)
+    row.update(solve_s=seconds)
+    row.update({k: summary[k] for k in ("stages", "replicas", "schedule")})
     row.update(
-        solve_s=round(time.perf_counter() - start, 2),
-        stages=len(plan.stages),
-        replicas=len(plan.stages[0].devices),
-        schedule=plan.schedule.name,
         microbatch=f"{plan.num_microbatches}x{plan.microbatch_size}",
-        iteration_s=round(it / 1e3, 3),
-        vs_lower_bound=round(it / plan.predicted.global_lower_bound_ms, 3),
-        vs_plan_bound=round(it / bound, 3),
-        best_peer=None if best is None else f"{best.name}: {best.configuration}",
-        vs_best_peer=None if best is None else round(best.iteration_ms / it, 3),
-        search_alone=None if best is None else round(best.iteration_ms / alone, 3),
+        iteration_s=round(plan.predicted.iteration_ms / 1e3, 3),
     )
+    quality = ("vs_lower_bound", "vs_plan_bound", "best_peer", "vs_best_peer", "search_alone")
+    row.update({k: summary[k] for k in quality})
     return row
 
 

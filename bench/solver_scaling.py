@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plan_summary import plan_summary
 from svgplot import line_plot
 
 from planner.errors import InfeasibleError
-from planner.partition.bounds import search_bound_ms
 from planner.profile import Layer, LayerTiming, Measurement, Profile
 from planner.solve import solve
 from planner.topology import Topology, topology_from_dict, uniform_topology
@@ -101,34 +101,6 @@ def measure(layers: int, devices: int, kind: str) -> dict[str, Any]:
         return row
     seconds = time.perf_counter() - start
     return {**row, "seconds": round(seconds, 3), **plan_summary(profile, topo, plan)}
-
-
-def plan_summary(profile: Profile, topo: Topology, plan: Any) -> dict[str, Any]:
-    """Stages, schedule, bounds and the best tuned peer of a solved plan."""
-    it = plan.predicted.iteration_ms
-    bound = search_bound_ms(
-        profile,
-        topo,
-        plan.stages,
-        plan.schedule.name,
-        plan.num_microbatches,
-        plan.microbatch_size,
-    )
-    tuned = [b for b in plan.baselines if b.tuned and b.feasible]
-    best = min(tuned, key=lambda b: b.iteration_ms) if tuned else None
-    alone = plan.solver.without_peers.iteration_ms
-    return {
-        "stages": len(plan.stages),
-        "replicas": len(plan.stages[0].devices),
-        "schedule": plan.schedule.name,
-        "vs_lower_bound": round(it / plan.predicted.global_lower_bound_ms, 3),
-        "vs_plan_bound": round(it / bound, 3),
-        "best_peer": None if best is None else f"{best.name}: {best.configuration}",
-        "vs_best_peer": None if best is None else round(best.iteration_ms / it, 3),
-        "search_alone": None if best is None else round(best.iteration_ms / alone, 3),
-        "iteration_ms": round(it, 2),
-        "simulations": plan.solver.simulations,
-    }
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -73,6 +73,7 @@ _SHADOW_LINKS = (
     "topologies",
     "pyproject.toml",
     "bench/svgplot.py",
+    "bench/plan_summary.py",
     "bench/hf_zoo.py",
     "bench/heavy_half_model.py",
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_runtime import hard_timeout_after
 from torch.distributed.pipelining.schedules import (
     _Action,
     _add_send_recv,
@@ -43,16 +43,8 @@ HARD_TIMEOUT_S = 150
 
 @pytest.fixture(autouse=True)
 def hard_timeout() -> Iterator[None]:
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"test exceeded its hard timeout of {HARD_TIMEOUT_S} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(HARD_TIMEOUT_S)
-    try:
+    with hard_timeout_after(HARD_TIMEOUT_S):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def make_plan(

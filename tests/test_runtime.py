@@ -6,6 +6,7 @@ tiny model for a few steps; each multi-process test has a hard timeout so CI nev
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import textwrap
 from collections.abc import Iterator
@@ -22,20 +23,26 @@ from planner.schedule import build_schedule
 HARD_TIMEOUT_S = 100
 
 
-@pytest.fixture(autouse=True)
-def hard_timeout() -> Iterator[None]:
+@contextlib.contextmanager
+def hard_timeout_after(seconds: int) -> Iterator[None]:
     """SIGALRM interrupts a hung run; run_plan then kills every worker it started."""
 
     def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"test exceeded its hard timeout of {HARD_TIMEOUT_S} s")
+        raise TimeoutError(f"test exceeded its hard timeout of {seconds} s")
 
     old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(HARD_TIMEOUT_S)
+    signal.alarm(seconds)
     try:
         yield
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(autouse=True)
+def hard_timeout() -> Iterator[None]:
+    with hard_timeout_after(HARD_TIMEOUT_S):
+        yield
 
 
 HERE = Path(__file__).parent
