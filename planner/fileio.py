@@ -64,7 +64,7 @@ def check_input_file(path: str | os.PathLike[str], *, field: str | None = None) 
             file=where,
             field=field,
         )
-    if not os.access(source, os.R_OK):
+    if not os.access(source, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
         raise InputError("cannot be read (permission denied)", file=where, field=field)
     return source
 
