@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ class Outputs:
                     file=str(target),
                     field=owner.field,
                 )
-        self._contents[key] = _Content(target, owner, bytes(data))
+        self._contents[key] = _Content(target, owner, data)
         return target
 
     def write_text(self, path: str | os.PathLike[str], text: str) -> Path:
@@ -285,19 +286,31 @@ def _same_existing(a: Path, b: Path) -> bool:
     return ident is not None and ident == _identity(b)
 
 
+_HELD_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (the renames), where the
-    platform can hold them."""
-    held = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)}
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (the renames), then reach the
+    handlers they would have reached. Python runs signal handlers in the main thread only,
+    so elsewhere (no handler to swap) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    received: list[int] = []
+    previous: dict[int, Any] = {}
+    for signum in _HELD_SIGNALS:
+        if signal.getsignal(signum) is not None:  # None: a handler not set from Python
+            previous[signum] = signal.signal(signum, lambda got, _frame: received.append(got))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 class _Commit:
@@ -358,7 +371,8 @@ class _Commit:
             self.current = content
             os.rename(staging, final)
             self.done.append((final, False))
-        self.renames, self.folders = [], {}
+        # Complete: nothing to undo, even if a held Ctrl-C arrives as the signals return.
+        self.renames, self.folders, self.done, self.made = [], {}, [], []
 
     def undo(self) -> None:
         """Remove the temporaries and what this commit created; never raises."""

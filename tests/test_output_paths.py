@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 
 from planner.cli import main
 from planner.errors import InputError
-from planner.outputs import Outputs, WriteFailed
+from planner.outputs import Outputs, WriteFailed, _signals_held
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = ROOT / "tests" / "data" / "nvidia-smi" / "dgx-h100.txt"
@@ -552,3 +553,15 @@ def test_outputs_refuse_inputs_added_later_and_each_other(tmp_path: Path) -> Non
         both.file(tmp_path / "." / "x.svg", "--html")
     with pytest.raises(ValueError, match="was not declared"):
         Outputs().write_text(tmp_path / "undeclared.txt", "")
+
+
+def test_ctrl_c_during_the_renames_waits_until_they_are_done() -> None:
+    """A commit's renames run with Ctrl-C held: it arrives, as KeyboardInterrupt, after."""
+    arrived = []
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler would have run by now
+                arrived.append(len(arrived))
+        pytest.fail("the held Ctrl-C did not arrive after the block")
+    assert len(arrived) == 1000
