@@ -415,6 +415,26 @@ def test_export_into_the_plans_folder_never_replaces_the_plan(
     assert _snapshot(case) == before
 
 
+def test_run_calibrate_without_the_plans_profile_is_refused_before_the_model_loads(
+    case: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--calibrate needs the plan's profile: refused before anything runs (the model.py,
+    which marks its import, is never loaded), not after training."""
+    plan = case / "plan.json"
+    plan.write_text(plan.read_text().replace('"path": "mlp.json"', '"path": "gone.json"'))
+    model = case / "marked.py"
+    marker = case / "imported"
+    model.write_text(
+        (case / "mlp.py").read_text()
+        + "\n\nimport os, pathlib\n\npathlib.Path(os.environ['MARKER']).touch()\n"
+    )
+    monkeypatch.setenv("MARKER", str(marker))
+    args = ["run", str(plan), "--model", str(model), "--steps", "1"]
+    line = _refused([*args, "--calibrate", str(case / "c.json")], capsys)
+    assert f"{plan}: --calibrate: the plan's profile was not found" in line, line
+    assert not marker.exists() and not (case / "c.json").exists()
+
+
 def test_a_write_that_fails_after_its_checks_is_one_line_exit_1_and_leaves_nothing(
     case: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

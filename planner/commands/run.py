@@ -150,8 +150,9 @@ def _declare_outputs(
     plan_path: Path, model: Path, trace: Path | None, calibrate: Path | None, params: Path | None
 ) -> Outputs:
     """The outputs asked for, checked before any process starts: writable, not a folder, not
-    the plan, the model or the plan's profile or topology, not each other."""
-    from planner.plan_inputs import plan_files  # lazy: `pipeplan --help` need not load it
+    the plan, the model or the plan's profile or topology, not each other; --calibrate
+    only with the plan's profile found."""
+    from planner.plan_inputs import find_file, plan_files  # lazy: `pipeplan --help`
 
     wanted = {"--trace": trace, "--calibrate": calibrate, "--save-params": params}
     if all(path is None for path in wanted.values()):
@@ -160,7 +161,14 @@ def _declare_outputs(
     outs = Outputs([("the plan", plan_path), ("--model", model)])
     for flag, path in wanted.items():
         outs.file(path, flag)
-    outs.add_inputs(plan_files(Plan.load(plan_path), plan_path))
+    plan = Plan.load(plan_path)
+    outs.add_inputs(plan_files(plan, plan_path))
+    if calibrate is not None and find_file(plan.profile, plan_path) is None:
+        raise InputError(
+            "the plan's profile was not found, so there is nothing to calibrate",
+            file=str(plan_path),
+            field="--calibrate",
+        )
     return outs
 
 
