@@ -5,10 +5,10 @@ show and simulate ``--svg/--html/--trace``; topology show ``--svg``; run ``--tra
 ``--calibrate``, ``--save-params``; export ``-o DIR``; demo ``--out DIR``) is given every
 kind of bad destination: a missing folder, an unwritable one, a name longer than the file
 system allows, a folder (or, for a folder output, a file), a pipe, a path under a file, and
-each of the command's own inputs, also through a symlink and a hard link. Each must be
-refused before any work with one line naming the flag and the path, exit 2, and leave
-every file as it was: no output, no temporary, the other outputs of the same command not
-written either (all or nothing), no input replaced.
+(with the command's first output flag) each of its own inputs, also through a symlink and
+a hard link. Each must be refused before any work with one line naming the flag and the
+path, exit 2, and leave every file as it was: no output, no temporary, the other outputs of
+the same command not written either (all or nothing), no input replaced.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ WRITERS = (
     Writer(
         "simulate --plan",
         ("simulate", "--plan", "{d}/plan.json", "--schedule", "gpipe", "--no-gantt"),
-        ("-o", "--svg", "--html", "--trace"),
+        ("-o", "--svg"),
         ("plan.json", "mlp.json", "cpu.yaml"),
     ),
     Writer(
@@ -253,11 +253,11 @@ def _cases() -> list[tuple[Writer, str, str, Bad]]:
                     del kinds["missing folder"]
             else:
                 kinds = dict(FILE_KINDS)
+            if flag == writer.outputs[0] and writer.inputs:  # one flag is enough for these
                 for name in writer.inputs:
                     kinds[f"the input {name}"] = lambda d, name=name: d / name
-                if writer.inputs:
-                    kinds["a symlink to an input"] = _symlink_to(writer.inputs[0])
-                    kinds["a hard link to an input"] = _hard_link_to(writer.inputs[-1])
+                kinds["a symlink to an input"] = _symlink_to(writer.inputs[0])
+                kinds["a hard link to an input"] = _hard_link_to(writer.inputs[-1])
             cases.extend((writer, flag, kind, make) for kind, make in kinds.items())
     return cases
 
