@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     from planner.profile.schema import Profile
     from planner.schedule.actions import Schedule
 
-__all__ = ["PlanInputs", "check_unchanged", "find_file", "locate", "plan_inputs", "resimulate"]
+__all__ = [
+    "PlanInputs",
+    "check_unchanged",
+    "find_file",
+    "locate",
+    "plan_files",
+    "plan_inputs",
+    "resimulate",
+]
 
 
 @dataclass
@@ -46,9 +54,11 @@ class PlanInputs:
     step_ms: float | None  # an explicit ``simulate --step-ms`` kept in the schedule's meta
 
 
-def find_file(ref: FileRef, plan_path: str | Path | None) -> Path | None:
+def find_file(ref: FileRef, plan_path: str | Path | None, key: str = "profile") -> Path | None:
     """The file a plan's reference names, tried as written and then
-    beside the plan; None when it has no path, was never saved or is not found.
+    beside the plan; None when it has no path, was never saved or is not found. A path
+    that names a folder (and no file) is one clear InputError naming the plan and
+    ``key``'s ``.path`` field.
 
     Example::
 
@@ -60,7 +70,28 @@ def find_file(ref: FileRef, plan_path: str | Path | None) -> Path | None:
     candidates = [Path(raw)]
     if plan_path is not None and not Path(raw).is_absolute():
         candidates.append(Path(plan_path).resolve().parent / raw)
-    return next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None and any(c.is_dir() for c in candidates):
+        raise InputError(
+            f"the {key} path {raw!r} is a folder, expected a file",
+            file=str(plan_path) if plan_path is not None else None,
+            field=f"{key}.path",
+        )
+    return found
+
+
+def plan_files(plan: Plan, plan_path: str | Path) -> list[tuple[str, Path | None]]:
+    """The files ``plan`` names that exist (its profile and topology), as inputs of a
+    command that reads the plan (:class:`planner.outputs.Outputs` keeps outputs off them).
+
+    Example::
+
+        Outputs([("the plan", "plan.json"), *plan_files(plan, "plan.json")])
+    """
+    return [
+        (f"the plan's {key}", find_file(ref, plan_path, key))
+        for key, ref in (("profile", plan.profile), ("topology", plan.topology))
+    ]
 
 
 def check_unchanged(found: Path, ref: FileRef, key: str, plan_path: str | Path) -> None:
@@ -97,7 +128,7 @@ def locate(ref: FileRef, key: str, plan_path: Path) -> Path | None:
             file=str(plan_path),
             field=f"{key}.path",
         )
-    found = find_file(ref, plan_path)
+    found = find_file(ref, plan_path, key)
     if found is None:
         raise InputError(
             f"{key} file {raw!r} not found (looked in the current folder and beside the plan)",

@@ -23,13 +23,13 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.fileio import atomic_write_json, atomic_write_text
 from planner.units import format_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
+    from planner.outputs import Outputs
     from planner.plan import StageSpec
     from planner.simulate import SimEvent, SimResult
 
@@ -38,9 +38,9 @@ __all__ = [
     "gantt_text",
     "print_report",
     "render_html",
+    "render_pictures",
     "render_svg",
     "render_trace",
-    "write_pictures",
 ]
 
 # Below this the time axis labels overlap the chart and nothing readable is left.
@@ -592,7 +592,8 @@ def render_trace(result: SimResult) -> dict[str, Any]:
     }
 
 
-def write_pictures(
+def render_pictures(
+    outs: Outputs,
     result: Any,
     stages: Sequence[StageSpec],
     *,
@@ -600,21 +601,18 @@ def write_pictures(
     html: Path | None,
     trace: Path | None,
     title: str,
-) -> list[str]:
-    """Write the requested SVG/HTML/trace files atomically; returns the paths written.
+) -> None:
+    """Render the requested SVG/HTML/trace files and hand them to ``outs`` (where they
+    were declared), which writes them with the command's other outputs, all or none.
 
     Example::
 
-        write_pictures(result, stages, svg=Path("g.svg"), html=None, trace=None, title="1f1b")
+        render_pictures(outs, result, stages, svg=Path("g.svg"), html=None, trace=None, title="")
+        outs.commit()
     """
-    written = []
     if svg is not None:
-        atomic_write_text(svg, render_svg(result, title=title))
-        written.append(str(svg))
+        outs.write_text(svg, render_svg(result, title=title))
     if html is not None:
-        atomic_write_text(html, render_html(result, title=title, stages=stages))
-        written.append(str(html))
+        outs.write_text(html, render_html(result, title=title, stages=stages))
     if trace is not None:
-        atomic_write_json(trace, render_trace(result))
-        written.append(str(trace))
-    return written
+        outs.write_json(trace, render_trace(result))

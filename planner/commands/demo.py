@@ -3,7 +3,8 @@
 The demo is a list of steps, :data:`DEMO_STEPS`; each step reads and extends a shared
 :class:`DemoContext`: profile the model, solve for ``topologies/cpu.yaml`` (this machine's
 CPU processes), run a few training steps with exactly that plan and print predicted against
-measured.
+measured. The steps work in a temporary folder; the profile and the plan land in ``--out``
+together when every step has succeeded (:class:`planner.outputs.Outputs`), else neither.
 
 Example::
 
@@ -14,10 +15,12 @@ Example::
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +30,7 @@ import planner
 from planner.commands.profile import profile_table, run_profile
 from planner.commands.solve import print_plan
 from planner.errors import InputError
+from planner.outputs import Outputs
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -47,14 +51,15 @@ BUNDLED = ("gpt", "mlp", "cnn")
 
 @dataclass
 class DemoContext:
-    """What the demo's steps share: where to write, which model, and each step's results.
+    """What the demo's steps share: where to work, which model, and each step's results.
 
     ``results`` keys: ``profile`` (a Profile), ``profile_path``, ``plan`` (a Plan),
-    ``plan_path`` and ``run`` (the runtime's RunReport).
+    ``plan_path`` (in ``work_dir`` while the steps run, in ``--out`` once written) and
+    ``run`` (the runtime's RunReport).
     """
 
     console: Console
-    out_dir: Path
+    work_dir: Path
     model: Path
     microbatch_sizes: list[int]
     steps: int = 3
@@ -71,7 +76,7 @@ def _profile_step(ctx: DemoContext) -> None:
     profile, path = run_profile(
         ctx.model,
         ",".join(map(str, ctx.microbatch_sizes)),
-        output=ctx.out_dir / f"{stem}.json",
+        output=ctx.work_dir / f"{stem}.json",
         repeat=3,
         warmup=1,
         console=ctx.console,
@@ -79,7 +84,6 @@ def _profile_step(ctx: DemoContext) -> None:
     ctx.results["profile"] = profile
     ctx.results["profile_path"] = path
     ctx.console.print(profile_table(profile))
-    ctx.console.print(f"profile written to {path}")
 
 
 def _solve_step(ctx: DemoContext) -> None:
@@ -95,12 +99,12 @@ def _solve_step(ctx: DemoContext) -> None:
         profile_path=str(ctx.results["profile_path"]),
         topology_path=str(topology_path),
     )
-    path = ctx.out_dir / "plan.json"
+    path = ctx.work_dir / "plan.json"
     plan.profile, plan.topology = plan.profile.for_plan(path), plan.topology.for_plan(path)
     plan.save(path)
     ctx.results["plan"] = plan
     ctx.results["plan_path"] = path
-    print_plan(plan, [layer.name for layer in profile.layers], output=path, console=ctx.console)
+    print_plan(plan, [layer.name for layer in profile.layers], console=ctx.console)
 
 
 def _run_step(ctx: DemoContext) -> None:
@@ -157,22 +161,41 @@ def run_demo(
             file=str(source),
         )
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a folder", file=str(out), field="--out")
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = DemoContext(
-        console=console or Console(),
-        out_dir=out,
-        model=source,
-        microbatch_sizes=microbatch_sizes or [1, 2],
-        steps=steps,
-    )
-    for name, step in DEMO_STEPS:
-        ctx.console.rule(f"[bold]{name}")
-        started = time.perf_counter()
-        step(ctx)
-        ctx.timings[name] = round(time.perf_counter() - started, 2)
+    outs = Outputs([("the bundled model", source)])
+    outs.folder(out, "--out", make_folder=True)
+    work = Path(tempfile.mkdtemp(prefix="pipeplan-demo-"))
+    try:
+        ctx = DemoContext(
+            console=console or Console(),
+            work_dir=work,
+            model=source,
+            microbatch_sizes=microbatch_sizes or [1, 2],
+            steps=steps,
+        )
+        for name, step in DEMO_STEPS:
+            ctx.console.rule(f"[bold]{name}")
+            started = time.perf_counter()
+            step(ctx)
+            ctx.timings[name] = round(time.perf_counter() - started, 2)
+        for path in _write_results(ctx, outs, out):
+            ctx.console.print(f"wrote {path}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return ctx
+
+
+def _write_results(ctx: DemoContext, outs: Outputs, out: Path) -> list[Path]:
+    """The profile and the plan, from the work folder into ``out`` (both or neither); the
+    plan names the profile where it now lies."""
+    profile_path = out / Path(ctx.results["profile_path"]).name
+    plan_path = out / "plan.json"
+    plan = ctx.results["plan"]
+    plan.profile = replace(plan.profile, path=str(profile_path)).for_plan(plan_path)
+    outs.write_bytes(profile_path, Path(ctx.results["profile_path"]).read_bytes())
+    outs.write_json(plan_path, plan.to_dict())
+    written = outs.commit()
+    ctx.results["profile_path"], ctx.results["plan_path"] = profile_path, plan_path
+    return written
 
 
 def register(app: typer.Typer) -> None:

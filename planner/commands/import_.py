@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from planner.fileio import check_output_path
+from planner.outputs import Outputs
 
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
@@ -74,8 +74,8 @@ def pipedream(
     # lazy: `pipeplan --help` need not load the importer
     from planner.profile.import_pipedream import import_pipedream
 
-    if output is not None:
-        check_output_path(output, field="-o")
+    outs = Outputs([("the graph file", graph)])
+    outs.file(output, "-o")
     profile = import_pipedream(
         graph,
         microbatch_size=microbatch_size,
@@ -83,9 +83,11 @@ def pipedream(
         device_name=device_name,
         model=model,
     )
-    target = output if output is not None else Path("profiles") / f"pipedream-{profile.model}.json"
-    check_output_path(target)
-    profile.save(target)
+    target = output
+    if target is None:
+        target = outs.file(Path("profiles") / f"pipedream-{profile.model}.json", None)
+    outs.write_json(target, profile.to_dict())
+    outs.commit()
     _report(profile, target, as_json)
 
 

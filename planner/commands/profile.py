@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from planner.errors import InputError
-from planner.fileio import check_output_path
+from planner.outputs import Outputs
 from planner.precision import check_precision
 from planner.profile.loader import load_model_file, model_name
 from planner.profile.measure import (
@@ -136,13 +136,11 @@ def run_profile(
     optimizer_state_bytes(0, optimizer)
     checked_device = check_device(device)
     check_timing(timing, checked_device.split(":")[0])
-    if output is not None:
-        check_output_path(output, field="-o")
+    outs = Outputs([("the model file", model)])
+    outs.file(output, "-o")
     load_model_file(model)  # path, import and the contract's functions, before the bar starts
-    if output is None:  # the default folder is created, but only for a loadable model
-        output = default_output(model)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        check_output_path(output)
+    if output is None:  # the default folder is created with the profile
+        output = outs.file(default_output(model), None, make_folder=True)
 
     with Progress(
         TextColumn("[bold]profiling[/] {task.description:<24}"),
@@ -172,7 +170,8 @@ def run_profile(
             timing=timing,
             progress=progress,
         )
-    profile.save(output)
+    outs.write_json(output, profile.to_dict())
+    outs.commit()
     return profile, output
 
 

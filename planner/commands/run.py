@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from planner.errors import InputError
-from planner.fileio import atomic_write_bytes, atomic_write_json, check_output_path
+from planner.fileio import check_input_file
+from planner.outputs import Outputs
 from planner.plan import Plan
 from planner.profile.schema import load_profile
 
@@ -112,10 +113,7 @@ def run_command(
     check_run_options(
         steps=steps, warmup=warmup, timeout_s=timeout, threads=threads, lr=lr, cli=True
     )
-    outs = {"--trace": trace, "--calibrate": calibrate, "--save-params": save_params}
-    for flag, path in outs.items():
-        if path is not None:
-            check_output_path(path, field=flag)
+    outs = _declare_outputs(plan_path, model, trace, calibrate, save_params)
     if in_torchrun():
         from planner.runtime.runner import run_this_rank
 
@@ -134,7 +132,7 @@ def run_command(
             return_params=save_params is not None,
         )  # fmt: skip
     # A failed rank (RunFailed) is exit 1 and Ctrl-C exit 130, in planner.cli.main.
-    outputs = _write_outputs(report, plan_path, trace, calibrate, save_params)
+    outputs = _write_outputs(outs, report, plan_path, trace, calibrate, save_params)
     if as_json:
         print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
         return
@@ -148,40 +146,72 @@ def run_command(
         console.print(f"wrote {what.replace('_', ' ')}: {where}")
 
 
+def _declare_outputs(
+    plan_path: Path, model: Path, trace: Path | None, calibrate: Path | None, params: Path | None
+) -> Outputs:
+    """The outputs asked for, checked before any process starts: writable, not a folder, not
+    the plan, the model or the plan's profile or topology, not each other; --calibrate
+    only with the plan's profile found."""
+    from planner.plan_inputs import find_file, plan_files  # lazy: `pipeplan --help`
+
+    wanted = {"--trace": trace, "--calibrate": calibrate, "--save-params": params}
+    if all(path is None for path in wanted.values()):
+        return Outputs()
+    check_input_file(plan_path)
+    outs = Outputs([("the plan", plan_path), ("--model", model)])
+    for flag, path in wanted.items():
+        outs.file(path, flag)
+    plan = Plan.load(plan_path)
+    outs.add_inputs(plan_files(plan, plan_path))
+    if calibrate is not None and find_file(plan.profile, plan_path) is None:
+        raise InputError(
+            "the plan's profile was not found, so there is nothing to calibrate",
+            file=str(plan_path),
+            field="--calibrate",
+        )
+    return outs
+
+
 def _write_outputs(
+    outs: Outputs,
     report: RunReport,
     plan_path: Path,
     trace: Path | None,
     calibrate: Path | None,
     params: Path | None,
 ) -> dict[str, str]:
-    """Write what --trace, --calibrate and --save-params ask for; returns what was written."""
+    """Write what --trace, --calibrate and --save-params ask for, all or none; returns
+    what was written."""
     outputs: dict[str, str] = {}
     if trace is not None:
         # lazy: `pipeplan --help` need not load the runtime or the renderer
         from planner.runtime.report import trace_with_prediction
 
-        atomic_write_json(trace, trace_with_prediction(report, Plan.load(plan_path), plan_path))
+        outs.write_json(trace, trace_with_prediction(report, Plan.load(plan_path), plan_path))
         outputs["trace"] = str(trace)
     if calibrate is not None:
-        outputs["calibrated_profile"] = str(_calibrate(plan_path, report, calibrate))
+        outs.write_json(calibrate, _calibrated(plan_path, report))
+        outputs["calibrated_profile"] = str(calibrate)
     if params is not None:
-        outputs["parameters"] = str(_save_params(report.parameters or {}, params))
+        outs.write_bytes(params, _params_bytes(report.parameters or {}))
+        outputs["parameters"] = str(params)
+    outs.commit()
     return outputs
 
 
-def _save_params(parameters: dict[str, Any], out: Path) -> Path:
-    """``torch.save`` of the trained parameters, written atomically."""
+def _params_bytes(parameters: dict[str, Any]) -> bytes:
+    """``torch.save`` of the trained parameters, as bytes."""
     import io
 
     import torch
 
     buffer = io.BytesIO()
     torch.save(parameters, buffer)
-    return atomic_write_bytes(out, buffer.getvalue())
+    return buffer.getvalue()
 
 
-def _calibrate(plan_path: Path, report: RunReport, out: Path) -> Path:
+def _calibrated(plan_path: Path, report: RunReport) -> dict[str, Any]:
+    """The plan's profile corrected with the measured stage times, as JSON data."""
     from planner.runtime.calibrate import calibrated_profile  # lazy: not needed by --help
 
     if report.profile_path is None:
@@ -190,6 +220,4 @@ def _calibrate(plan_path: Path, report: RunReport, out: Path) -> Path:
             field="--calibrate",
         )
     plan = Plan.load(plan_path)
-    corrected = calibrated_profile(load_profile(report.profile_path), plan, report.stage_ms)
-    corrected.save(out)
-    return out
+    return calibrated_profile(load_profile(report.profile_path), plan, report.stage_ms).to_dict()

@@ -17,7 +17,8 @@ from pathlib import Path
 import typer
 
 from planner.errors import InputError
-from planner.fileio import check_output_path
+from planner.fileio import check_input_file
+from planner.outputs import Outputs
 from planner.plan import Plan, Prediction
 
 __all__ = ["register", "show_command"]
@@ -48,24 +49,26 @@ def show_command(
     Example: pipeplan show plan.json --svg plan.svg --trace trace.json
     """
     # lazy: `pipeplan --help` need not load plan_inputs or the renderer
-    from planner.plan_inputs import resimulate
-    from planner.render import MIN_GANTT_WIDTH, write_pictures
+    from planner.plan_inputs import plan_files, resimulate
+    from planner.render import MIN_GANTT_WIDTH, render_pictures
 
     if width is not None and width < MIN_GANTT_WIDTH:
         raise InputError(
             f"expected at least {MIN_GANTT_WIDTH} columns, got {width}", field="--width"
         )
+    outs = Outputs([("the plan", check_input_file(plan_file))])
     for path, flag in ((svg, "--svg"), (html, "--html"), (trace, "--trace")):
-        if path is not None:
-            check_output_path(path, field=flag)
+        outs.file(path, flag)
     plan = Plan.load(plan_file)
+    outs.add_inputs(plan_files(plan, plan_file))
     result = resimulate(plan, plan_file)
     name = plan.schedule.name
     title = (
         f"{plan_file.name}: {name}, {len(plan.stages)} stages, {plan.num_microbatches} "
         f"microbatches of {plan.microbatch_size}"
     )
-    written = write_pictures(result, plan.stages, svg=svg, html=html, trace=trace, title=title)
+    render_pictures(outs, result, plan.stages, svg=svg, html=html, trace=trace, title=title)
+    written = [str(path) for path in outs.commit()]
     stored = plan.predicted.iteration_ms if plan.predicted is not None else None
     if as_json:
         out = Prediction.from_result(result).to_dict()

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from planner.errors import InputError
-from planner.fileio import check_output_path
+from planner.fileio import check_input_file
+from planner.outputs import InputFile, Outputs
 from planner.plan import (
     FileRef,
     Plan,
@@ -50,9 +51,8 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         load_stages_arg("0-3:gpu0;4-7:gpu1", [1])
     """
     path = Path(text)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise InputError("file does not exist", file=text, field="--stages")
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists():
+        check_input_file(path, field="--stages")
         data = _read_data(path, "--stages")
         if isinstance(data, dict):
             data = data.get("stages")
@@ -73,7 +73,9 @@ def _schedule_arg(text: str) -> Any:
     looks_like_file = path.suffix.lower() in (".json", ".yaml", ".yml") or any(
         sep in text for sep in ("/", "\\")
     )
-    if looks_like_file and not path.is_file():
+    if path.exists():
+        check_input_file(path, field="--schedule")
+    elif looks_like_file:
         raise InputError(
             f"schedule file {text!r} does not exist (or give a schedule name: "
             f"{', '.join(SCHEDULES)})",
@@ -338,13 +340,17 @@ def simulate_command(
 
     Example: pipeplan simulate --plan plan.json --schedule zb
     """
-    for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
+    for path, flag in ((profile, "--profile"), (topology, "--topology"), (plan_file, "--plan")):
         if path is not None:
-            check_output_path(path, field=flag)
+            check_input_file(path, field=flag)
+    outs = Outputs(_given_files(profile, topology, plan_file, stages, schedule))
+    for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
+        outs.file(path, flag)
     got = _resolve(
         profile, topology, stages, schedule, microbatches, microbatch_size, recompute,
         virtual_stages, step_ms, plan_file,
     )  # fmt: skip
+    outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
     specs, step_ms = got.stages, got.step_ms
     result = simulate(
         got.profile, got.topology, specs, got.schedule, got.microbatches, got.microbatch_size,
@@ -352,22 +358,36 @@ def simulate_command(
     )  # fmt: skip
     if step_ms is not None:  # show re-simulates with the same override
         result.schedule.meta["step_ms"] = step_ms
-    files = [] if output is None else [str(_save_plan(result, got, output))]
-    _emit(
-        result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt
-    )
+    if output is not None:
+        outs.write_json(output, _plan_data(result, got, output))
+    _emit(result, specs, outs, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt)
 
 
-def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
+def _given_files(
+    profile: Path | None,
+    topology: Path | None,
+    plan_file: Path | None,
+    stages: str | None,
+    schedule: str | None,
+) -> list[InputFile]:
+    """The files the flags name (a --stages or --schedule text that is a file included)."""
+    files: list[InputFile] = [("--profile", profile), ("--topology", topology)]
+    files.append(("--plan", plan_file))
+    for flag, text in (("--stages", stages), ("--schedule", schedule)):
+        if text is not None and Path(text).is_file():
+            files.append((flag, Path(text)))
+    return files
+
+
+def _plan_data(result: Any, got: _Resolved, output: Path) -> dict[str, Any]:
     """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256."""
     topo = got.topology_path
-    plan_from_simulation(
+    return plan_from_simulation(
         result,
         got.stages,
         profile=_file_ref(got.profile_path, output),
         topology=FileRef(None) if topo is None else _file_ref(topo, output),
-    ).save(output)
-    return output
+    ).to_dict()
 
 
 def _file_ref(path: Path | str | None, output: Path) -> FileRef:
@@ -379,7 +399,7 @@ def _file_ref(path: Path | str | None, output: Path) -> FileRef:
 def _emit(
     result: Any,
     specs: list[StageSpec],
-    files: list[str],
+    outs: Outputs,
     *,
     svg: Path | None,
     html: Path | None,
@@ -387,14 +407,16 @@ def _emit(
     as_json: bool,
     gantt: bool,
 ) -> None:
-    """Write the pictures asked for; print the predictions (JSON or table and chart)."""
-    from planner.render import print_report, write_pictures  # lazy: not needed by --help
+    """Write the plan and the pictures asked for, all or none; print the predictions (JSON
+    or table and chart)."""
+    from planner.render import print_report, render_pictures  # lazy: not needed by --help
 
     title = (
         f"{result.schedule.name}: {len(specs)} stages, {result.num_microbatches} microbatches "
         f"of {result.microbatch_size}"
     )
-    files = files + write_pictures(result, specs, svg=svg, html=html, trace=trace, title=title)
+    render_pictures(outs, result, specs, svg=svg, html=html, trace=trace, title=title)
+    files = [str(path) for path in outs.commit()]
     if as_json:
         out = Prediction.from_result(result).to_dict()
         out["schedule"] = result.schedule.name

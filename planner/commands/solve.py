@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from planner.fileio import check_output_path
+from planner.fileio import check_input_file
+from planner.outputs import Outputs
 from planner.profile import load_profile
 from planner.solve import solve
 from planner.topology import load_topology
@@ -69,7 +70,10 @@ def solve_command(
     Example: pipeplan solve --profile profiles/mlp.json --topology topologies/nvlink.yaml
     --global-batch 64
     """
-    check_output_path(output, field="-o")
+    check_input_file(profile, field="--profile")
+    check_input_file(topology, field="--topology")
+    outs = Outputs([("--profile", profile), ("--topology", topology)])
+    outs.file(output, "-o")
     prof = load_profile(profile)
     topo = load_topology(topology)
     plan = solve(
@@ -84,7 +88,8 @@ def solve_command(
     )
     # Relative inputs as the plan's folder sees them, so it finds them from anywhere.
     plan.profile, plan.topology = plan.profile.for_plan(output), plan.topology.for_plan(output)
-    plan.save(output)
+    outs.write_json(output, plan.to_dict())
+    outs.commit()
     if as_json:
         print(json.dumps(plan.to_dict(), indent=1))
         return

@@ -18,7 +18,8 @@ from typing import Any
 import typer
 
 from planner.errors import InputError
-from planner.fileio import atomic_write_text, check_output_path
+from planner.fileio import check_input_file
+from planner.outputs import Outputs
 from planner.topology import Topology, load_topology
 from planner.units import format_bandwidth, format_bytes, parse_bytes
 
@@ -127,13 +128,14 @@ def show(
 
     Example: pipeplan topology show topologies/dgx1-v100.yaml --svg dgx1.svg
     """
-    if svg is not None:
-        check_output_path(svg, field="--svg")
+    outs = Outputs([("the topology", check_input_file(file))])
+    outs.file(svg, "--svg")
     topo = load_topology(file)
     if svg is not None:
         from planner.topology.svg import topology_svg  # lazy: not needed by `pipeplan --help`
 
-        atomic_write_text(svg, topology_svg(topo))
+        outs.write_text(svg, topology_svg(topo))
+        outs.commit()
     if as_json:
         print(json.dumps(_details(topo), indent=1))
         return
@@ -154,7 +156,7 @@ def check(
 
     Example: pipeplan topology check topologies/two-node-ib.yaml
     """
-    topo = load_topology(file)
+    topo = load_topology(check_input_file(file))
     if normalized:
         print(topo.to_yaml(), end="")
         return
@@ -225,8 +227,8 @@ def detect(
         run_nvidia_smi,
     )
 
-    if output is not None:
-        check_output_path(output, field="-o")
+    outs = Outputs([("--from-file", path) for path in from_file])
+    outs.file(output, "-o")
     if not (speed > 0 and math.isfinite(speed)):
         raise InputError(f"expected a positive number; got {speed}", field="--speed")
     memory_bytes = None
@@ -241,8 +243,7 @@ def detect(
     if from_file:
         texts = []
         for path in from_file:
-            if not path.is_file():
-                raise InputError("file does not exist", file=str(path), field="--from-file")
+            check_input_file(path, field="--from-file")
             try:
                 texts.append(path.read_text(encoding="utf-8"))
             except UnicodeDecodeError:
@@ -263,7 +264,8 @@ def detect(
         print(json.dumps(topo.to_dict(), indent=1))
     text = f"# Detected by `pipeplan topology detect` from {source}.\n" + topo.to_yaml()
     if output is not None:
-        atomic_write_text(output, text)
+        outs.write_text(output, text)
+        outs.commit()
         if not as_json:
             print(
                 f"wrote {output}: {len(topo.devices)} devices, {topo.graph.number_of_edges()} links"

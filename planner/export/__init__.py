@@ -29,6 +29,9 @@ from planner.errors import InputError
 from planner.export.source import ExportSource, load_export_source
 from planner.export.torch_pipelining import export_torch
 from planner.export.torchtitan import export_torchtitan
+from planner.fileio import check_input_file
+from planner.outputs import Outputs
+from planner.plan_inputs import plan_files
 from planner.profile.loader import load_model_file
 
 __all__ = ["TARGETS", "ExportResult", "check_model", "export_plan"]
@@ -106,7 +109,9 @@ def export_plan(
     """Check ``plan`` and write the export for ``to`` (``torch`` or ``torchtitan``).
 
     ``out_dir`` defaults to ``PLANSTEM-TO`` in the current folder and is created (its parent
-    must exist). ``model`` is checked against the profile and recorded for the script.
+    must exist); it is checked before anything else and its files are written all or none
+    (:class:`planner.outputs.Outputs`), never over the plan, its profile or topology, or
+    the model. ``model`` is checked against the profile and recorded for the script.
 
     Example::
 
@@ -116,22 +121,20 @@ def export_plan(
         raise InputError(
             f"unknown target {to!r}; expected one of {', '.join(TARGETS)}", field="--to"
         )
+    outs = Outputs([("the plan", check_input_file(plan)), ("--model", model)])
+    target = outs.folder(
+        Path(out_dir) if out_dir is not None else Path(f"{Path(plan).stem}-{to}"), "-o"
+    )
     source = load_export_source(plan)
+    outs.add_inputs(plan_files(source.plan, Path(plan)))
     model_path = check_model(source, model) if model is not None else None
-    target = Path(out_dir) if out_dir is not None else Path(f"{Path(plan).stem}-{to}")
-    if target.exists() and not target.is_dir():
-        raise InputError("exists and is not a folder", file=str(target), field="-o")
-    if not target.parent.is_dir():
-        raise InputError(
-            f"the folder {str(target.parent)!r} does not exist", file=str(target), field="-o"
-        )
-    target.mkdir(exist_ok=True)
     notes: list[str] = []
     if to == "torch":
-        files = export_torch(source, target, model=model_path)
+        export_torch(outs, source, target, model=model_path)
         if model_path is None:
             notes.append("no --model given: pass --model to train_pipeline.py")
     else:
-        files = export_torchtitan(source, target)
+        export_torchtitan(outs, source, target)
+    files = outs.commit()
     layout = source.layout
     return ExportResult(to, target, files, layout.pp_degree, layout.dp_degree, notes)

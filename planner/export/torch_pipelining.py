@@ -21,7 +21,9 @@ Microbatches and loss: the plan's microbatch size and count; the model file's ``
 
 Example::
 
-    files = export_torch(load_export_source("plan.json"), Path("out"), model="model.py")
+    outs = Outputs([("the plan", "plan.json")])
+    export_torch(outs, load_export_source("plan.json"), outs.folder(Path("out"), "-o"))
+    files = outs.commit()
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.export.source import ExportSource
-from planner.fileio import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from planner.outputs import Outputs
 
 __all__ = ["SCHEMA", "csv_text", "export_torch", "pipeline_config"]
 
@@ -108,19 +112,20 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
     }
 
 
-def export_torch(source: ExportSource, out_dir: Path, *, model: str | None = None) -> list[Path]:
-    """Write the folder described in the module docstring; returns the files written.
+def export_torch(
+    outs: Outputs, source: ExportSource, out_dir: Path, *, model: str | None = None
+) -> None:
+    """Hand ``outs`` the files of the folder described in the module docstring (``out_dir``
+    declared there); ``outs.commit()`` writes them, all or none.
 
     Example::
 
-        export_torch(source, Path("plan-torch"), model="/abs/examples/gpt.py")
+        export_torch(outs, source, Path("plan-torch"), model="/abs/examples/gpt.py")
     """
     layout = source.layout
-    written = []
     for j, name in enumerate(schedule_files(layout.dp_degree)):
-        written.append(atomic_write_text(out_dir / name, csv_text(layout.rows[j])))
+        outs.write_text(out_dir / name, csv_text(layout.rows[j]))
     for j, name in enumerate(schedule_files(layout.dp_degree, "schedule_compute")):
-        written.append(atomic_write_text(out_dir / name, csv_text(layout.compute_rows[j])))
-    written.append(atomic_write_json(out_dir / "pipeline.json", pipeline_config(source, model)))
-    written.append(atomic_write_text(out_dir / "train_pipeline.py", _TEMPLATE.read_text()))
-    return written
+        outs.write_text(out_dir / name, csv_text(layout.compute_rows[j]))
+    outs.write_json(out_dir / "pipeline.json", pipeline_config(source, model))
+    outs.write_text(out_dir / "train_pipeline.py", _TEMPLATE.read_text())

@@ -30,7 +30,7 @@ from planner.errors import InputError
 from planner.export.source import ExportSource
 from planner.export.split import titan_module
 from planner.export.torch_pipelining import csv_text
-from planner.fileio import atomic_write_text
+from planner.outputs import Outputs
 
 __all__ = ["TORCHTITAN_COMMIT", "export_torchtitan", "titan_modules", "titan_toml"]
 
@@ -129,16 +129,15 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_torchtitan(source: ExportSource, out_dir: Path) -> list[Path]:
-    """Write ``torchtitan.toml`` and the compute-only ``schedule_compute.csv`` it names.
+def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> None:
+    """Hand ``outs`` ``torchtitan.toml`` and the compute-only ``schedule_compute.csv`` it
+    names (``out_dir`` declared there); ``outs.commit()`` writes them, both or neither.
 
     Example::
 
-        export_torchtitan(source, Path("plan-torchtitan"))
+        export_torchtitan(outs, source, Path("plan-torchtitan"))
     """
-    csv_path = (out_dir / "schedule_compute.csv").resolve()
-    toml = titan_toml(source, csv_path=str(csv_path))
-    return [
-        atomic_write_text(csv_path, csv_text(source.layout.compute_rows[0])),
-        atomic_write_text(out_dir / "torchtitan.toml", toml),
-    ]
+    csv_path = out_dir / "schedule_compute.csv"
+    toml = titan_toml(source, csv_path=str(csv_path.resolve()))
+    outs.write_text(csv_path, csv_text(source.layout.compute_rows[0]))
+    outs.write_text(out_dir / "torchtitan.toml", toml)
