@@ -225,6 +225,45 @@ def test_2bw_follows_its_update_rule(tiny: Path, stages: str, optimizer: str, lr
     assert any(not torch.allclose(sync[n], params[n]) for n in params)
 
 
+@pytest.mark.parametrize("m", [4, 5])
+def test_2bw_with_a_replicated_first_stage_follows_its_update_rule(tiny: Path, m: int) -> None:
+    """Replicas (3, 1, 1), as PipeDream's optimizer picks them: the stream deadlocked (each
+    replica all-reduced after its own last backward, before forwards a later stage was
+    waiting for). Three processes, each holding a replica of stage 0 (real all-reduces)."""
+    plan = make_plan("0-2:cpu0,cpu1,cpu2;3:cpu3;4:cpu4", "2bw", m, 2)
+    report = run_plan(
+        plan, tiny, steps=3, warmup=0, timeout_s=30, optimizer="sgd", lr=0.1,
+        device_map="cpu0=0,cpu1=1,cpu2=2,cpu3=0,cpu4=1", return_params=True,
+    )  # fmt: skip
+    assert report.world_size == 3
+    losses, params = reference(tiny, 3, 2 * m, "sgd", 0.1, two_bw=True)
+    check_same(report, losses, params)
+
+
+def test_run_validates_the_stream_it_will_execute(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's one-iteration lists are checked on load; the 2bw stream the ranks run is
+    another list, checked before any rank starts (a deadlocking one hung the ranks)."""
+    import planner.runtime.runner as runner
+    from planner.errors import InputError
+    from planner.schedule import ActionType, as_stream
+
+    plan = make_plan("0-2:cpu0,cpu1;3-4:cpu2", "2bw", 4, 2)
+
+    def swapped(schedule, stages, iterations):  # type: ignore[no-untyped-def]
+        stream = as_stream(schedule, stages, iterations)
+        acts = stream.devices["cpu0"]  # its first all-reduce moved before its first forward
+        first = next(i for i, a in enumerate(acts) if a.kind is ActionType.ALLREDUCE)
+        acts.insert(0, acts.pop(first))
+        return stream
+
+    monkeypatch.setattr(runner, "as_stream", swapped)
+    monkeypatch.setattr(runner, "launch_local", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(InputError, match="2bw stream of 3 iterations .* deadlocks: cpu0 waits"):
+        run_plan(plan, tiny, steps=2, warmup=1, timeout_s=30)
+
+
 def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     """The optimized family's orders (warm-up depths, deferred W) run as they simulate: a
     searched one and a hand-picked deep one, both equal to single-process training."""
