@@ -9,6 +9,7 @@ import pytest
 from planner.cost import synthetic_profile
 from planner.errors import InputError
 from planner.plan import StageSpec, parse_stages
+from planner.profile.schema import load_profile
 from planner.schedule import (
     SCHEDULES,
     Action,
@@ -19,7 +20,6 @@ from planner.schedule import (
     in_flight_microbatches,
     validate_schedule,
 )
-from planner.profile.schema import load_profile
 from planner.simulate import STREAM_ITERATIONS, optimized_schedule, simulate
 from planner.topology import load_topology
 
@@ -328,9 +328,7 @@ REPLICA_SHAPES = [
 
 
 def _with_replicas(counts: tuple[int, ...]) -> list[StageSpec]:
-    return [
-        StageSpec(s, (s, s), [f"d{s}_{j}" for j in range(r)]) for s, r in enumerate(counts)
-    ]
+    return [StageSpec(s, (s, s), [f"d{s}_{j}" for j in range(r)]) for s, r in enumerate(counts)]
 
 
 @pytest.mark.parametrize("counts", REPLICA_SHAPES)
@@ -415,4 +413,3 @@ def test_2bw_warmup_never_outruns_its_two_weight_versions() -> None:
     sched = schedule_from_order("2bw", stages, deep, 2, iterations=4, flush=False)
     with pytest.raises(InputError, match=r"F0\.4 \(iteration 2\) comes before STEP0 of"):
         validate_schedule(sched, stages)
-

@@ -46,7 +46,6 @@ def expand(
 
         expand(stages, {0: [("F", 0, 0), ("B", 0, 0)]}, num_microbatches=1)
     """
-    num_stages = len(stages)
     out: dict[str, list[Action]] = {dev: [] for stage in stages for dev in stage.devices}
     for rank in sorted(order):
         ops = order[rank]

@@ -28,7 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from planner.schedule.expand import ComputeOp

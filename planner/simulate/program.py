@@ -179,9 +179,7 @@ def _compile_order(
                 for d in stages[closes[i]].devices:
                     per_device[d].append(("C", closes[i], -1))
     index = {d: i for i, d in enumerate(devices)}
-    return [
-_device_program(per_device[d], d, stages, index, total_mb) for d in devices
-    ]
+    return [_device_program(per_device[d], d, stages, index, total_mb) for d in devices]
 
 
 def _device_program(
