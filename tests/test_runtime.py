@@ -264,6 +264,43 @@ def test_run_validates_the_stream_it_will_execute(
         run_plan(plan, tiny, steps=2, warmup=1, timeout_s=30)
 
 
+SHARED = {
+    # ALBERT's way: one block (two linears) that every layer calls, twice each
+    "block called twice": HERE / "models" / "repeated_block.py",
+    # DeBERTa-v2's rel_embeddings: one table every layer reads through its own projection
+    "weight read by every layer": HERE / "models" / "shared_table.py",
+}
+
+
+@pytest.mark.parametrize("kind", list(SHARED))
+@pytest.mark.parametrize(
+    ("schedule", "stages"),
+    [
+        ("gpipe", "0:cpu0;1-5:cpu1"),
+        ("1f1b", "0:cpu0;1-5:cpu1"),
+        ("interleaved", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1"),  # shared across stages too
+        ("zb", "0:cpu0;1-5:cpu1"),
+        ("2bw", "0:cpu0;1-5:cpu1"),
+    ],
+)
+def test_weights_shared_inside_a_stage_train_exactly(kind: str, schedule: str, stages: str) -> None:
+    """Zero bubble's weight half (W) ran torch's per-group weight backward in one call that
+    freed the graph after the first group; groups that share the weight side of the graph
+    then failed ("backward through the graph a second time"). Every schedule, both kinds of
+    sharing, one process driving both plan devices (the same stage code, faster)."""
+    model = SHARED[kind]
+    plan = make_plan(stages, schedule, 4, 2)
+    report = run_plan(
+        plan, model, steps=2, warmup=0, timeout_s=60, optimizer="momentum", lr=0.05,
+        device_map="cpu0=0,cpu1=0", return_params=True,
+    )  # fmt: skip
+    losses, params = reference(model, 2, 8, "momentum", 0.05, two_bw=schedule == "2bw")
+    check_same(report, losses, params)
+    if schedule == "zb":
+        kinds = {(ev["kind"], ev["stage"]) for ev in report.events}
+        assert ("W", 1) in kinds
+
+
 def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     """The optimized family's orders (warm-up depths, deferred W) run as they simulate: a
     searched one and a hand-picked deep one, both equal to single-process training."""
