@@ -301,6 +301,28 @@ def test_weights_shared_inside_a_stage_train_exactly(kind: str, schedule: str, s
         assert ("W", 1) in kinds
 
 
+def test_batchnorm_trains_like_accumulation_over_the_same_microbatches() -> None:
+    """What run promises for a model whose result depends on the microbatch size: one
+    process accumulating gradients over the same microbatches, not one pass over the global
+    batch; the report says so once."""
+    from planner.runtime.reference import train_single_process
+
+    model = HERE / "models" / "batchnorm.py"
+    plan = make_plan("0-2:cpu0;3-5:cpu1", "1f1b", 4, 2)
+    report = run_plan(
+        plan, model, steps=2, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1,
+        return_params=True,
+    )  # fmt: skip
+    accumulated = train_single_process(
+        model, steps=2, batch_size=8, microbatch_size=2, optimizer="sgd", lr=0.1
+    )
+    check_same(report, accumulated.losses, accumulated.parameters)
+    whole = train_single_process(model, steps=2, batch_size=8, optimizer="sgd", lr=0.1)
+    assert report.losses != pytest.approx(whole.losses, rel=1e-5, abs=1e-7)
+    warnings = [n for n in report.notes if "depends on the microbatch size" in n]
+    assert len(warnings) == 1 and "BatchNorm1d" in warnings[0]
+
+
 def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     """The optimized family's orders (warm-up depths, deferred W) run as they simulate: a
     searched one and a hand-picked deep one, both equal to single-process training."""

@@ -31,6 +31,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
+from planner.profile.batch_dependence import batch_dependence_warning, batch_dependent_modules
 from planner.profile.loader import load_model_file
 from planner.profile.schema import load_profile
 from planner.runtime.launch import launch_local
@@ -188,7 +189,8 @@ def run_precision(
 
 
 def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan: Plan) -> None:
-    """Split the model here once, so a mismatch is one clear line, not a worker crash."""
+    """Split the model here once, so a mismatch is one clear line, not a worker crash; and
+    note once when the model's result depends on the microbatch size (BatchNorm)."""
     import torch
 
     from planner.profile.split import capture_model  # lazy: pulls torch
@@ -197,6 +199,9 @@ def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan
     torch.manual_seed(0)
     model = user.build()
     model.train()
+    warning = batch_dependence_warning(batch_dependent_modules(model))
+    if warning is not None:
+        settings.notes.append(f"warning: {warning}")
     inputs, _ = user.batch(plan.microbatch_size)
     split = capture_model(
         model, inputs, settings.split_at, capture=settings.capture, source=model_path
