@@ -59,12 +59,12 @@ def depends_on(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) ->
 
     Example::
 
-        depends_on([x * w, w * 2], [x])   # [True, False]
+        depends_on([x * w, w * 2, x], [x])   # [True, False, True]
     """
     targets = {_node(t) for t in inputs}
     reaches: dict[Any, bool] = {}
-    for root in roots:
-        start = root.grad_fn
+    starts = [_node(r) if r.requires_grad else None for r in roots]  # a leaf: its accumulator
+    for start in starts:
         if start is None or start in reaches:
             continue
         stack: list[tuple[Any, bool]] = [(start, False)]
@@ -78,7 +78,7 @@ def depends_on(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) ->
                 continue
             stack.append((node, True))
             stack.extend((c, False) for c in children if c not in reaches)
-    return [r.grad_fn is not None and reaches.get(r.grad_fn, False) for r in roots]
+    return [start is not None and reaches.get(start, False) for start in starts]
 
 
 def input_half(
