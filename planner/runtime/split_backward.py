@@ -16,7 +16,9 @@ outputs directly needs to train exactly as one whole backward does:
 * outputs that do not depend on the stage's inputs (T5's position bias, made from a weight
   and handed on to the next stage) stay out of torch's input half: its groups start at
   nodes that depend on the inputs, so the gradient arriving on such an output would reach
-  no weight. The weight half backpropagates it;
+  no weight. The weight half backpropagates it. (An input handed on untouched, as
+  DeBERTa-v2's relative embeddings are, does depend on the inputs: its gradient is part
+  of the input half's);
 * an output that is a view (a slice of a larger tensor) goes to torch through a copy, as
   torch detaches the outputs in place when the input half is done.
 
