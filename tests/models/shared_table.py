@@ -1,3 +1,8 @@
+"""Test model: one table that every layer reads through its own projection, as DeBERTa-v2's
+layers read ``rel_embeddings``; split between the layers, every stage shares the table."""
+
+from __future__ import annotations
+
 import torch
 from torch import nn
 
@@ -11,7 +16,7 @@ class Layer(nn.Module):
         self.pos = nn.Linear(WIDTH, WIDTH)
         self.fc = nn.Linear(WIDTH, WIDTH)
 
-    def forward(self, h):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
         keys = self.pos(self.table.weight)  # the layer's view of the shared table
         return torch.tanh(self.fc(h) + h @ keys)
 
@@ -24,18 +29,18 @@ class TableNet(nn.Module):
         self.layers = nn.ModuleList(Layer(table) for _ in range(4))
         self.out = nn.Linear(WIDTH, 1)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
         for layer in self.layers:
             h = layer(h)
         return self.out(h)
 
 
-def build_model():
+def build_model() -> nn.Module:
     torch.manual_seed(0)
     return TableNet()
 
 
-def sample_batch(batch_size):
+def sample_batch(batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(batch_size)
     return torch.randn(batch_size, WIDTH, generator=g), torch.randn(batch_size, 1, generator=g)
