@@ -115,3 +115,37 @@ def test_tied_gpt2_embedding_and_head_on_different_stages() -> None:
 def test_t5_encoder_decoder_across_three_stages(tmp_path: Path) -> None:
     model = write_model_file("t5", tmp_path)
     _same_as_one_process(model, _plan("0-2:cpu0;3-5:cpu1;6-7:cpu2", "gpipe", m=2))
+
+
+ALBERT = """
+import torch
+from torch import nn
+
+VOCAB, SEQ, WIDTH = 128, 16, 32
+
+
+def build_model() -> nn.Module:
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    config = AlbertConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=WIDTH, num_hidden_layers=4,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=SEQ,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    return AlbertForMaskedLM(config)
+
+
+def sample_batch(batch_size):
+    g = torch.Generator().manual_seed(batch_size)
+    tokens = torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+    return {"input_ids": tokens}, torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+"""
+
+
+def test_albert_shared_layer_under_zero_bubble(tmp_path: Path) -> None:
+    """ALBERT runs one layer's weights in every block: under zb the weight half of the split
+    backward freed the graph the next parameter group needed, and rank 1 crashed."""
+    model = tmp_path / "albert.py"
+    model.write_text(ALBERT)
+    _same_as_one_process(model, _plan("0:cpu0;1-2:cpu1", "zb", m=2))

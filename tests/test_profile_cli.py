@@ -64,6 +64,65 @@ def test_profile_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert f"wrote {target}" in " ".join(err.split())
 
 
+def test_profile_warns_once_when_the_microbatch_size_matters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BatchNorm in training mode normalises over each microbatch: one warning line (not an
+    error), and the profile records the modules; a model without it gets none."""
+    target = tmp_path / "bn.json"
+    code, _, err = _run(
+        ["profile", str(MODELS / "batchnorm.py"), "-b", "2", "-o", str(target), "-q", *FAST],
+        capsys,
+    )
+    assert code == 0
+    text = " ".join(err.split())
+    assert text.count("warning: the model's result depends on the microbatch size") == 1
+    assert "1 (BatchNorm1d)" in text
+    assert load_profile(target).meta["batch_dependent"] == ["1 (BatchNorm1d)"]
+    code, _, err = _run(
+        [
+            "profile",
+            str(MODELS / "skip.py"),
+            "-b",
+            "2",
+            "-o",
+            str(tmp_path / "s.json"),
+            "-q",
+            *FAST,
+        ],
+        capsys,
+    )
+    assert code == 0 and "microbatch size" not in err
+    assert "batch_dependent" not in load_profile(tmp_path / "s.json").meta
+
+
+def test_batch_dependent_modules() -> None:
+    from torch import nn
+
+    from planner.profile.batch_dependence import batch_dependent_modules
+
+    frozen = nn.BatchNorm1d(4).eval()  # running statistics: each sample on its own
+    no_stats = nn.BatchNorm2d(4, track_running_stats=False).eval()  # still the batch's
+    model = nn.ModuleDict(
+        {
+            "bn": nn.BatchNorm1d(4),
+            "sync": nn.SyncBatchNorm(4),
+            "lazy": nn.LazyBatchNorm1d(),
+            "frozen": frozen,
+            "no_stats": no_stats,
+            "per_sample": nn.Sequential(
+                nn.LayerNorm(4), nn.GroupNorm(2, 4), nn.InstanceNorm1d(4, track_running_stats=True)
+            ),
+        }
+    )
+    assert batch_dependent_modules(model) == [
+        "bn (BatchNorm1d)",
+        "sync (SyncBatchNorm)",
+        "lazy (LazyBatchNorm1d)",
+        "no_stats (BatchNorm2d)",
+    ]
+
+
 def _bad_cases(tmp: Path) -> list[tuple[list[str], str]]:
     ok = str(MODELS / "skip.py")
     out = ["-o", str(tmp / "p.json")]

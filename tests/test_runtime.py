@@ -225,6 +225,104 @@ def test_2bw_follows_its_update_rule(tiny: Path, stages: str, optimizer: str, lr
     assert any(not torch.allclose(sync[n], params[n]) for n in params)
 
 
+@pytest.mark.parametrize("m", [4, 5])
+def test_2bw_with_a_replicated_first_stage_follows_its_update_rule(tiny: Path, m: int) -> None:
+    """Replicas (3, 1, 1), as PipeDream's optimizer picks them: the stream deadlocked (each
+    replica all-reduced after its own last backward, before forwards a later stage was
+    waiting for). Three processes, each holding a replica of stage 0 (real all-reduces)."""
+    plan = make_plan("0-2:cpu0,cpu1,cpu2;3:cpu3;4:cpu4", "2bw", m, 2)
+    report = run_plan(
+        plan, tiny, steps=3, warmup=0, timeout_s=30, optimizer="sgd", lr=0.1,
+        device_map="cpu0=0,cpu1=1,cpu2=2,cpu3=0,cpu4=1", return_params=True,
+    )  # fmt: skip
+    assert report.world_size == 3
+    losses, params = reference(tiny, 3, 2 * m, "sgd", 0.1, two_bw=True)
+    check_same(report, losses, params)
+
+
+def test_run_validates_the_stream_it_will_execute(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's one-iteration lists are checked on load; the 2bw stream the ranks run is
+    another list, checked before any rank starts (a deadlocking one hung the ranks)."""
+    import planner.runtime.runner as runner
+    from planner.errors import InputError
+    from planner.schedule import ActionType, as_stream
+
+    plan = make_plan("0-2:cpu0,cpu1;3-4:cpu2", "2bw", 4, 2)
+
+    def swapped(schedule, stages, iterations):  # type: ignore[no-untyped-def]
+        stream = as_stream(schedule, stages, iterations)
+        acts = stream.devices["cpu0"]  # its first all-reduce moved before its first forward
+        first = next(i for i, a in enumerate(acts) if a.kind is ActionType.ALLREDUCE)
+        acts.insert(0, acts.pop(first))
+        return stream
+
+    monkeypatch.setattr(runner, "as_stream", swapped)
+    monkeypatch.setattr(runner, "launch_local", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(InputError, match="2bw stream of 3 iterations .* deadlocks: cpu0 waits"):
+        run_plan(plan, tiny, steps=2, warmup=1, timeout_s=30)
+
+
+SHARED = {
+    # ALBERT's way: one block (two linears) that every layer calls, twice each
+    "block called twice": HERE / "models" / "repeated_block.py",
+    # DeBERTa-v2's rel_embeddings: one table every layer reads through its own projection
+    "weight read by every layer": HERE / "models" / "shared_table.py",
+}
+
+
+@pytest.mark.parametrize("kind", list(SHARED))
+@pytest.mark.parametrize(
+    ("schedule", "stages"),
+    [
+        ("gpipe", "0:cpu0;1-5:cpu1"),
+        ("1f1b", "0:cpu0;1-5:cpu1"),
+        ("interleaved", "0:cpu0;1-2:cpu1;3:cpu0;4-5:cpu1"),  # shared across stages too
+        ("zb", "0:cpu0;1-5:cpu1"),
+        ("2bw", "0:cpu0;1-5:cpu1"),
+    ],
+)
+def test_weights_shared_inside_a_stage_train_exactly(kind: str, schedule: str, stages: str) -> None:
+    """Zero bubble's weight half (W) ran torch's per-group weight backward in one call that
+    freed the graph after the first group; groups that share the weight side of the graph
+    then failed ("backward through the graph a second time"). Every schedule, both kinds of
+    sharing, one process driving both plan devices (the same stage code, faster)."""
+    model = SHARED[kind]
+    plan = make_plan(stages, schedule, 4, 2)
+    report = run_plan(
+        plan, model, steps=2, warmup=0, timeout_s=60, optimizer="momentum", lr=0.05,
+        device_map="cpu0=0,cpu1=0", return_params=True,
+    )  # fmt: skip
+    losses, params = reference(model, 2, 8, "momentum", 0.05, two_bw=schedule == "2bw")
+    check_same(report, losses, params)
+    if schedule == "zb":
+        kinds = {(ev["kind"], ev["stage"]) for ev in report.events}
+        assert ("W", 1) in kinds
+
+
+def test_batchnorm_trains_like_accumulation_over_the_same_microbatches() -> None:
+    """What run promises for a model whose result depends on the microbatch size: one
+    process accumulating gradients over the same microbatches, not one pass over the global
+    batch; the report says so once."""
+    from planner.runtime.reference import train_single_process
+
+    model = HERE / "models" / "batchnorm.py"
+    plan = make_plan("0-2:cpu0;3-5:cpu1", "1f1b", 4, 2)
+    report = run_plan(
+        plan, model, steps=2, warmup=0, timeout_s=60, optimizer="sgd", lr=0.1,
+        return_params=True,
+    )  # fmt: skip
+    accumulated = train_single_process(
+        model, steps=2, batch_size=8, microbatch_size=2, optimizer="sgd", lr=0.1
+    )
+    check_same(report, accumulated.losses, accumulated.parameters)
+    whole = train_single_process(model, steps=2, batch_size=8, optimizer="sgd", lr=0.1)
+    assert report.losses != pytest.approx(whole.losses, rel=1e-5, abs=1e-7)
+    warnings = [n for n in report.notes if "depends on the microbatch size" in n]
+    assert len(warnings) == 1 and "BatchNorm1d" in warnings[0]
+
+
 def test_optimized_schedules_run_exactly(tiny: Path) -> None:
     """The optimized family's orders (warm-up depths, deferred W) run as they simulate: a
     searched one and a hand-picked deep one, both equal to single-process training."""

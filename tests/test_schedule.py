@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.cost import synthetic_profile
 from planner.errors import InputError
 from planner.plan import StageSpec, parse_stages
+from planner.profile.schema import load_profile
 from planner.schedule import (
     SCHEDULES,
     Action,
     ActionType,
     Schedule,
+    as_stream,
     build_schedule,
     in_flight_microbatches,
     validate_schedule,
 )
 from planner.simulate import STREAM_ITERATIONS, optimized_schedule, simulate
+from planner.topology import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+VGG16 = load_profile(ROOT / "profiles" / "pipedream-vgg16.json")
+NVLINK = load_topology(ROOT / "topologies" / "nvlink.yaml")
 
 # Binary fractions keep every sum exact, so the closed forms can be compared with ==.
 F, BI, BW = 0.5, 1.25, 0.75
@@ -286,19 +295,121 @@ def test_replicated_in_flight_matches_the_simulated_peak(name: str, p: int, r: i
             assert result.memory_bytes[f"d{s}_{j}"] // saved == total // r
 
 
-def test_replica_rounds_fall_back_where_the_count_does_not_divide() -> None:
+def test_replica_rounds_where_they_pay_off() -> None:
     from planner.schedule.replicas import per_replica_order, replica_round
 
-    assert replica_round([2, 2], 8) == 2 and replica_round([3, 1], 8) == 1
-    assert replica_round([2, 3], 12) == 6 and replica_round([1, 1], 8) == 1
-    assert per_replica_order({0: [("F", 0, 0), ("B", 0, 0)]}, 2)[0] == [
+    # The largest count, when every other divides it, M holds it and the rounds are whole
+    # or at least two; else 1 (dealt out round robin).
+    assert replica_round([2, 2], 8) == 2 and replica_round([3, 1], 8) == 3
+    assert replica_round([3, 1, 1], 7) == 3 and replica_round([3, 1], 4) == 1
+    assert replica_round([2, 3], 12) == 1 and replica_round([1, 1], 8) == 1
+    assert replica_round([4, 2, 1], 4) == 4 and replica_round([4, 1], 3) == 1
+    assert per_replica_order({0: [("F", 0, 0), ("B", 0, 0)]}, 2, 2)[0] == [
         ("F", 0, 0),
         ("F", 0, 1),
         ("B", 0, 0),
         ("B", 0, 1),
     ]
-    # Unequal replica counts whose lcm divides M: every device still gets a valid order.
+    # A last round shorter than the others, in each iteration of a stream.
+    ops = [("F", 0, q) for q in range(6)]
+    assert [k for _, _, k in per_replica_order({0: ops}, 3, 7)[0]] == list(range(14))
+    # Unequal replica counts: every device still gets a valid order.
     stages = [StageSpec(0, (0, 0), ["a", "b", "c"]), StageSpec(1, (1, 1), ["d"])]
     for name in ("gpipe", "1f1b", "zb"):
         validate_schedule(build_schedule(name, stages, 6), stages)
-        validate_schedule(build_schedule(name, stages, 7), stages)  # lcm 3 does not divide 7
+        validate_schedule(build_schedule(name, stages, 7), stages)  # a round of 1 at the end
+
+
+# The replica counts per stage the issue (and PipeDream's own optimizer) brought up, and more.
+REPLICA_SHAPES = [
+    (3, 1, 1), (4, 1, 1), (2, 1, 1), (1, 3, 1), (2, 2, 1), (3, 1), (2, 3, 1), (1, 1, 2, 1, 3, 1),
+    (4, 2, 1), (3, 1, 1, 1, 1, 1),
+]  # fmt: skip
+
+
+def _with_replicas(counts: tuple[int, ...]) -> list[StageSpec]:
+    return [StageSpec(s, (s, s), [f"d{s}_{j}" for j in range(r)]) for s, r in enumerate(counts)]
+
+
+@pytest.mark.parametrize("counts", REPLICA_SHAPES)
+def test_every_schedule_runs_every_replica_shape(counts: tuple[int, ...]) -> None:
+    # Every schedule takes every shape and microbatch count the others take (each replica
+    # at least one microbatch); 2bw's continuous stream included, checked as run checks it:
+    # complete, deadlock free, each forward after the step that made its weights.
+    stages = _with_replicas(counts)
+    prof = synthetic_profile(len(counts))
+    for m in range(max(counts), 13):
+        for name in ("gpipe", "1f1b", "zb", "2bw"):
+            sched = build_schedule(name, stages, m)
+            validate_schedule(sched, stages)
+            stream = as_stream(sched, stages, 4)
+            if stream is not None:
+                validate_schedule(stream, stages)
+            result = simulate(prof, None, stages, name, m, events=False)
+            assert result.iteration_ms > 0
+
+
+def test_2bw_with_a_replicated_first_stage_simulates() -> None:
+    # The issue's case: VGG-16 from PipeDream's profile, 3 replicas on the first of three
+    # stages; 2bw deadlocked for every M from 3 to 12.
+    text = "0-24:gpu0,gpu1,gpu2;25-30:gpu3;31-40:gpu4"
+    for m in range(3, 13):
+        result = simulate(VGG16, NVLINK, text, "2bw", m, events=False)
+        assert result.iteration_ms >= result.lower_bound_ms
+
+
+def test_uneven_replicas_pipeline_as_well_as_gpipe() -> None:
+    # 1F1B on replicas (3, 1, 1) took 1,398.9 ms at M = 6 but 2,758.8 ms at M = 8 (GPipe:
+    # 2,010.7): where 3 did not divide M the order over all microbatches was dealt out round
+    # robin, so the first stage's three replicas shared a warm-up of two microbatches and
+    # ran one microbatch at a time. With rounds of three (the last one shorter) each
+    # replica gets its own warm-up.
+    text = "0-24:gpu0,gpu1,gpu2;25-30:gpu3;31-40:gpu4"
+    for m in (6, 7, 8, 10, 11, 12, 16):
+        times = {
+            name: simulate(VGG16, NVLINK, text, name, m, events=False)
+            for name in ("gpipe", "1f1b", "zb")
+        }
+        for name in ("1f1b", "zb"):
+            assert times[name].iteration_ms <= times["gpipe"].iteration_ms
+            if m % 3:  # the busiest replica has one microbatch more: the others fill and drain
+                assert times[name].iteration_ms <= times[name].lower_bound_ms * 1.001
+    per_sample = [
+        simulate(VGG16, NVLINK, text, "1f1b", m, events=False).iteration_ms / m for m in (6, 8)
+    ]
+    assert per_sample[1] <= per_sample[0] * 1.05
+
+
+@pytest.mark.parametrize("counts", REPLICA_SHAPES)
+def test_uneven_replicas_in_flight_matches_the_simulated_peak(counts: tuple[int, ...]) -> None:
+    from planner.schedule.replicas import replica_round
+
+    saved, p = 64, len(counts)
+    stages = _with_replicas(counts)
+    prof = synthetic_profile(p, saved_bytes=saved, param_bytes=0, optimizer_state_bytes=0)
+    for m in range(max(counts), 13):
+        rounds = replica_round(counts, m)
+        for name in ("gpipe", "1f1b", "zb", "2bw"):
+            result = simulate(prof, None, stages, name, m)
+            for st in stages:
+                total = in_flight_microbatches(name, p, st.id, m, rounds=rounds)
+                peak = max(result.memory_bytes[d] for d in st.devices) // saved
+                assert peak == -(-total // len(st.devices)), (name, m, st.id)
+
+
+def test_2bw_warmup_never_outruns_its_two_weight_versions() -> None:
+    # Fewer microbatches than stages: a full 1F1B warm-up would run iteration 2's first
+    # forwards before iteration 0's step made their weights (the run failed inside a rank).
+    stages = _chain(6)
+    for m in (1, 2, 3, 4):
+        stream = as_stream(build_schedule("2bw", stages, m), stages, 4)
+        assert stream is not None
+        validate_schedule(stream, stages)
+    # ... which the validator refuses in a hand-written order.
+    from planner.schedule import schedule_from_order
+    from planner.schedule.onef1b import onef1b_order
+
+    deep = onef1b_order(6, 2, iterations=4)  # stage 0 warms up 5 deep
+    sched = schedule_from_order("2bw", stages, deep, 2, iterations=4, flush=False)
+    with pytest.raises(InputError, match=r"F0\.4 \(iteration 2\) comes before STEP0 of"):
+        validate_schedule(sched, stages)

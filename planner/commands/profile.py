@@ -19,6 +19,7 @@ import typer
 from planner.errors import InputError
 from planner.outputs import Outputs
 from planner.precision import check_precision
+from planner.profile.batch_dependence import batch_dependence_warning
 from planner.profile.loader import load_model_file, model_name
 from planner.profile.measure import (
     check_device,
@@ -295,6 +296,9 @@ def profile(
         Console().print(profile_table(result))
     for line in pass_check_lines(result):
         err.print(f"warning: {line}")
+    batch_dependence = batch_dependence_warning(result.meta.get("batch_dependent") or [])
+    if batch_dependence is not None:
+        err.print(f"warning: {batch_dependence}")
     err.print(f"wrote {path} ({result.num_layers} layers, {seconds:.1f} s)")
 
 

@@ -113,10 +113,47 @@ class Logits(nn.Module):
         return out.logits if hasattr(out, "logits") else out
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward makes the gradient contiguous."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def contiguous_grad(value: Any) -> Any:
+    """``value``, with a contiguous gradient if it takes one."""
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        return _ContiguousGrad.apply(value)
+    return value
+
+
+class ContiguousInputGrads(nn.Module):
+    """A stage after the first: torch's PipelineStage sends each input's gradient as
+    autograd made it, and the previous stage allocates its receive buffer with that
+    gradient's strides. An input used only through ``torch.cat`` or a view (a skip
+    connection that crosses the cut) gets a strided slice of a larger gradient, which
+    gloo refuses to send or receive ("input tensor has to be contiguous"). Each input
+    that takes a gradient passes an identity whose backward makes it contiguous."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*(contiguous_grad(a) for a in args))
+
+
 def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any]) -> nn.Module:
-    """What a PipelineStage runs for ``stage``: recomputed where the plan says, and the last
-    stage's Hugging Face output reduced to its logits."""
+    """What a PipelineStage runs for ``stage``: recomputed where the plan says, its input
+    gradients contiguous, and the last stage's Hugging Face output reduced to its logits."""
     module = recomputed(module, cfg["stages"][stage]["recompute"])
+    if stage > 0:
+        module = ContiguousInputGrads(module)
     return Logits(module) if stage == len(cfg["stages"]) - 1 else module
 
 

@@ -58,6 +58,7 @@ from planner.errors import InputError
 from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
+from planner.profile.batch_dependence import batch_dependent_modules
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.pass_timing import (
     CudaClock,
@@ -272,9 +273,17 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=optimizer,
         precision=settings.precision,
-        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at),
+        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at)
+        | _batch_dependence(model),
         tied_parameters=find_tied_parameters(split),
     )
+
+
+def _batch_dependence(model: Any) -> dict[str, Any]:
+    """``meta["batch_dependent"]``: the modules that make the model's result depend on the
+    microbatch size (:mod:`planner.profile.batch_dependence`), when there are any."""
+    names = batch_dependent_modules(model)
+    return {"batch_dependent": names} if names else {}
 
 
 def measure_layer(

@@ -367,8 +367,8 @@ def print_run_report(report: RunReport, console: Console) -> None:
             format_bytes(report.peak_memory_bytes.get(dev, 0)),
         )
     console.print(mem)
-    for note in report.notes:
-        console.print(f"note: {note}")
+    for note in report.notes:  # a warning (the microbatch size matters) says so itself
+        console.print(note if note.startswith("warning: ") else f"note: {note}")
 
 
 def trace_with_prediction(report: RunReport, plan: Plan, plan_path: Path) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
+from planner.profile.batch_dependence import batch_dependence_warning, batch_dependent_modules
 from planner.profile.loader import load_model_file
 from planner.profile.schema import load_profile
 from planner.runtime.launch import launch_local
@@ -38,6 +39,7 @@ from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
 from planner.runtime.settings import RunSettings, WorkerConfig
 from planner.runtime.worker import stream_2bw, worker_main
+from planner.schedule import as_stream, validate_schedule
 from planner.simulate import simulate
 from planner.simulate.one_device import one_device_prediction
 
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_plan",
+    "check_stream",
     "check_run_options",
     "prepare_run",
     "run_plan",
@@ -186,7 +189,8 @@ def run_precision(
 
 
 def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan: Plan) -> None:
-    """Split the model here once, so a mismatch is one clear line, not a worker crash."""
+    """Split the model here once, so a mismatch is one clear line, not a worker crash; and
+    note once when the model's result depends on the microbatch size (BatchNorm)."""
     import torch
 
     from planner.profile.split import capture_model  # lazy: pulls torch
@@ -195,6 +199,9 @@ def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan
     torch.manual_seed(0)
     model = user.build()
     model.train()
+    warning = batch_dependence_warning(batch_dependent_modules(model))
+    if warning is not None:
+        settings.notes.append(f"warning: {warning}")
     inputs, _ = user.batch(plan.microbatch_size)
     split = capture_model(
         model, inputs, settings.split_at, capture=settings.capture, source=model_path
@@ -285,6 +292,7 @@ def worker_config(
         config = worker_config(plan, settings, placement, "model.py", steps=5, warmup=1,
                                timeout_s=60, run_dir="/tmp/run")
     """
+    check_stream(plan, steps + warmup, plan_source)
     if threads is None:
         threads = settings.threads or max(1, (os.cpu_count() or 1) // placement.world_size)
     return WorkerConfig(
@@ -304,6 +312,33 @@ def worker_config(
         lr=lr,
         return_params=return_params,
     )
+
+
+def check_stream(plan: Plan, iterations: int, plan_source: str | None = None) -> None:
+    """Validate what the ranks will run, before any starts: a schedule without a flush
+    (2bw) runs its generator's continuous stream of ``iterations`` iterations
+    (:func:`~planner.runtime.worker.stream_2bw`), not the plan's one-iteration lists that
+    loading the plan checked; those lists must be complete and deadlock free too, and each
+    forward must come after the step that made its weights.
+
+    Example::
+
+        check_stream(plan, 6, "plan.json")   # InputError naming the first problem
+    """
+    if plan.schedule.flush or iterations < 2:
+        return
+    stream = as_stream(plan.schedule, plan.stages, iterations)
+    if stream is None:
+        return
+    try:
+        validate_schedule(stream, plan.stages, source=plan_source)
+    except InputError as exc:
+        raise InputError(
+            f"the {plan.schedule.name} stream of {iterations} iterations that run would "
+            f"execute is not runnable: {exc.message}",
+            file=exc.file,
+            field=exc.field,
+        ) from None
 
 
 def run_plan(

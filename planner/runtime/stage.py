@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from planner.runtime.split_backward import WeightHalf, input_half, weight_half
 from planner.tensors import leaf
 
 __all__ = ["StageRuntime"]
@@ -39,7 +40,7 @@ class _Saved:
     leaves: list[Any]  # the stage inputs as given to the module
     roots: list[torch.Tensor]  # outputs (or the loss) the backward starts from
     root_index: list[int]  # position of each root among the outputs (-1: the loss)
-    groups: list[dict[str, Any]] | None = None  # zero-bubble: what W needs from I
+    groups: WeightHalf | None = None  # zero-bubble: what W needs from I
     params: list[torch.Tensor] = field(default_factory=list)  # the weights it computed with
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -144,7 +145,8 @@ class StageRuntime:
     def backward_input(self, k: int, grads: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
         """Zero-bubble ``I``: gradients of the inputs only; ``W`` finishes the weights.
 
-        Uses torch.distributed.pipelining's split backward (as the profiler did). A stage
+        Uses torch.distributed.pipelining's split backward (as the profiler did), as
+        :mod:`planner.runtime.split_backward` makes it exact for shared weights. A stage
         without input gradients (the first) or a recompute stage does its whole backward
         here, and its ``W`` has nothing left to do.
         """
@@ -158,15 +160,9 @@ class StageRuntime:
             torch.autograd.backward(saved.roots, root_grads)
             del self.saved[k]
             return self._input_grads(saved)
-        from torch.distributed.pipelining._backward import stage_backward_input
-
-        _, groups = stage_backward_input(
-            saved.roots,
-            None if self.is_last else root_grads,
-            wants,
-            iter(saved.params),  # type: ignore[arg-type]
+        saved.groups = input_half(
+            saved.roots, None if self.is_last else root_grads, wants, saved.params
         )
-        saved.groups = groups
         return self._input_grads(saved)
 
     def backward_weight(self, k: int) -> None:
@@ -174,9 +170,7 @@ class StageRuntime:
         saved = self.saved.pop(k, None)
         if saved is None or saved.groups is None:
             return
-        from torch.distributed.pipelining._backward import stage_backward_weight
-
-        stage_backward_weight(iter(saved.params), saved.groups)  # type: ignore[arg-type]
+        weight_half(saved.params, saved.groups)
 
     def _root_grads(self, saved: _Saved, grads: Sequence[torch.Tensor] | None) -> Any:
         if self.is_last:

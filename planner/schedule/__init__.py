@@ -19,8 +19,8 @@ from planner.schedule.expand import ComputeOp
 from planner.schedule.families import FAMILIES, Family, family, is_interleaved
 from planner.schedule.gpipe import gpipe_order
 from planner.schedule.interleaved import interleaved_order
-from planner.schedule.onef1b import onef1b_order
-from planner.schedule.replicas import per_replica_order, replica_round
+from planner.schedule.onef1b import default_warmup, onef1b_order
+from planner.schedule.replicas import per_replica_order, replica_round, round_count
 from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
 from planner.stages import StageSpec
@@ -201,23 +201,41 @@ def _validated_order(
     """Generate and validate a named order; cached because the solver simulates many
     partitions of the same shape (the order depends only on the devices, not the layers)."""
     p = len(groups)
-    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas);
-    # without a flush one stream runs through every replica.
-    flush = family(name).flush
-    rounds = replica_round([len(g) for g in groups], m) if flush else 1
-    if family(name).interleaved and v > 1 and (m // rounds) % (p // v):
-        rounds = 1
+    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas),
+    # over ceil(M / rounds) rounds per iteration.
+    rounds = _rounds(name, replica_round([len(g) for g in groups], m), m, v, p)
+    n = round_count(m, rounds)
     if family(name).interleaved:
-        base = onef1b_order(p, m // rounds) if v == 1 else interleaved_order(p // v, v, m // rounds)
-        order = per_replica_order(base, rounds)
-    elif not flush:  # 2bw: the 1F1B order as one continuous stream of iterations
-        order = onef1b_order(p, m, iterations=iterations)
+        base = onef1b_order(p, n) if v == 1 else interleaved_order(p // v, v, n)
+        order = per_replica_order(base, rounds, m)
+    elif not family(name).flush:
+        # 2bw: the 1F1B order as one continuous stream of iterations. A warm-up deeper than
+        # an iteration would run the forwards of iteration i + 2 before iteration i's step
+        # made their weights (2BW keeps two versions), so it is capped at one iteration.
+        warmup = [min(default_warmup(p, s), n) for s in range(p)]
+        base = onef1b_order(p, n, warmup=warmup, iterations=iterations)
+        order = per_replica_order(base, rounds, m)
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
-        order = _repeat(per_replica_order(flushed[name](p, m // rounds), rounds), m, iterations)
+        order = _repeat(per_replica_order(flushed[name](p, n), rounds, m), m, iterations)
     shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)
     return order
+
+
+def _rounds(name: str, rounds: int, m: int, v: int, p: int) -> int:
+    """Microbatches per round that ``name``'s order uses, given
+    :func:`~planner.schedule.replicas.replica_round`'s ``rounds`` for a pipeline of ``p``
+    stages (interleaved: ``p`` device groups times ``v`` chunks). The interleaved order
+    keeps rounds only where they divide ``M`` into a multiple of the device groups; 2bw
+    only where an iteration has the ``p - 1`` rounds its deepest warm-up needs."""
+    if rounds <= 1:
+        return 1
+    if family(name).interleaved and (m % rounds or (v > 1 and (m // rounds) % (p // v))):
+        return 1
+    if not family(name).flush and round_count(m, rounds) < p - 1:
+        return 1
+    return rounds
 
 
 def _repeat(
@@ -250,7 +268,8 @@ def in_flight_microbatches(
     returns 1F1B's count, the depth its search starts from. ``rounds``: microbatches per
     round where replicated stages run one schedule per replica
     (:func:`planner.schedule.replicas.replica_round`): each replica then holds what one
-    pipeline over ``M / rounds`` microbatches holds.
+    pipeline over ``M / rounds`` microbatches holds (the last round of an iteration holds
+    fewer where ``rounds`` does not divide ``M``).
 
     Example::
 
@@ -258,26 +277,26 @@ def in_flight_microbatches(
         in_flight_microbatches("1f1b", 4, 0, 8, rounds=2)   # 8: 4 on each of 2 replicas
     """
     p, s, m = num_stages, stage_index, num_microbatches
-    if not family(name).flush:
-        # No flush: the next iteration's microbatches keep the pipeline full.
-        return p - s
     if family(name).searched:
         return min(p - s, m)
-    r = rounds if rounds > 1 and m % rounds == 0 else 1
-    if family(name).interleaved and virtual_stages > 1 and (m // r) % p:
-        r = 1  # as build_schedule: the interleaved order needs M / rounds divisible by p
-    m //= r
+    v = virtual_stages
+    r = _rounds(name, rounds if rounds <= m else 1, m, v, p * v)  # as build_schedule's
+    n = round_count(m, r)  # rounds per iteration; the last may hold fewer than r
+    if not family(name).flush:
+        # No flush: the next iteration's microbatches keep the pipeline full; the warm-up
+        # is capped at one iteration, so w + 1 consecutive rounds of the stream are held.
+        held = min(p - s, n + 1)
+        return held * r if held < n else m + (held - n) * r
     if name == "gpipe":
-        return m * r
+        return m
     if name == "1f1b":
-        return min(p - s, m) * r
+        return min((p - s) * r, m)
     if name == "zb":
-        return min(p, m) * r
+        return min(p * r, m)
     if name == "interleaved":
-        v = virtual_stages
         if v == 1:
-            return min(p - s, m) * r
-        return min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) * r
+            return min((p - s) * r, m)
+        return min(2 * (p - s - 1) + (v - 1) * p + 1, n * v) * r
     raise InputError(
         f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
     )

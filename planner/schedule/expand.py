@@ -22,7 +22,7 @@ from planner.schedule.action import Action, ActionType
 if TYPE_CHECKING:
     from planner.stages import StageSpec
 
-__all__ = ["ComputeOp", "expand"]
+__all__ = ["ComputeOp", "closings", "expand"]
 
 ComputeOp = tuple[str, int, int]
 """``(kind, stage, microbatch)`` with kind one of ``"F" "B" "I" "W"``."""
@@ -46,51 +46,60 @@ def expand(
 
         expand(stages, {0: [("F", 0, 0), ("B", 0, 0)]}, num_microbatches=1)
     """
-    num_stages = len(stages)
-    per_device: dict[str, list[ComputeOp]] = {}
-    for stage in stages:
-        for dev in stage.devices:
-            per_device.setdefault(dev, [])
+    out: dict[str, list[Action]] = {dev: [] for stage in stages for dev in stage.devices}
     for rank in sorted(order):
-        for op in order[rank]:
-            per_device[stages[op[1]].replica(op[2])].append(op)
-
-    out: dict[str, list[Action]] = {}
-    for dev, ops in per_device.items():
-        # The last backward-side op of each (stage, iteration) on this device closes it.
-        closing: dict[tuple[int, int], int] = {}
+        ops = order[rank]
+        closes = closings(ops, num_microbatches)
         for i, (kind, s, k) in enumerate(ops):
-            if kind != "F":
-                closing[(s, k // num_microbatches)] = i
-        closers = {i: key for key, i in closing.items()}
-        acts: list[Action] = []
-        for i, (kind, s, k) in enumerate(ops):
-            if kind == "F":
-                if s > 0:
-                    src = stages[s - 1].replica(k)
-                    if src != dev:
-                        acts.append(Action(ActionType.RECV_ACT, s, k, src))
-                acts.append(Action(ActionType.F, s, k))
-                if s + 1 < num_stages:
-                    dst = stages[s + 1].replica(k)
-                    if dst != dev:
-                        acts.append(Action(ActionType.SEND_ACT, s, k, dst))
-            elif kind in ("B", "I"):
-                if s + 1 < num_stages:
-                    src = stages[s + 1].replica(k)
-                    if src != dev:
-                        acts.append(Action(ActionType.RECV_GRAD, s, k, src))
-                acts.append(Action(_KIND[kind], s, k))
-                if s > 0:
-                    dst = stages[s - 1].replica(k)
-                    if dst != dev:
-                        acts.append(Action(ActionType.SEND_GRAD, s, k, dst))
-            else:
-                acts.append(Action(_KIND[kind], s, k))
-            if i in closers:
-                stage_id = closers[i][0]
-                if len(stages[stage_id].devices) > 1:
-                    acts.append(Action(ActionType.ALLREDUCE, stage_id))
-                acts.append(Action(ActionType.OPTIMIZER_STEP, stage_id))
-        out[dev] = acts
+            _compute(out[stages[s].replica(k)], stages, kind, s, k)
+            key = closes.get(i)
+            if key is not None:
+                stage = stages[key]
+                for dev in stage.devices:
+                    if len(stage.devices) > 1:
+                        out[dev].append(Action(ActionType.ALLREDUCE, key))
+                    out[dev].append(Action(ActionType.OPTIMIZER_STEP, key))
     return out
+
+
+def closings(ops: Sequence[ComputeOp], num_microbatches: int) -> dict[int, int]:
+    """Where a rank's order closes a stage's iteration: ``{index: stage}`` for the rank's
+    last backward-side op of each stage and iteration.
+
+    Every replica of the stage all-reduces and steps at that point of the *rank's* order
+    (after its own ops before it, before its ops after it), so the replicas meet where the
+    one order would have them and the lists cannot deadlock if the order does not. Each
+    replica's own last backward would not do: under 2bw a replica's next forwards, which
+    a later stage needs before the other replicas' last backwards can run, would wait
+    behind its all-reduce. The simulator's compiled programs use the same points.
+
+    Example::
+
+        closings([("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1)], 2)   # {3: 0}
+    """
+    closing: dict[tuple[int, int], int] = {}
+    for i, (kind, s, k) in enumerate(ops):
+        if kind != "F":
+            closing[(s, k // num_microbatches)] = i
+    return {i: key[0] for key, i in closing.items()}
+
+
+def _compute(acts: list[Action], stages: Sequence[StageSpec], kind: str, s: int, k: int) -> None:
+    """Append one compute op to its device's list with the receive before it and the send
+    after it where a neighbouring stage's microbatch runs on another device."""
+    dev = stages[s].replica(k)
+    last = len(stages) - 1
+    if kind == "F":
+        if s > 0 and (src := stages[s - 1].replica(k)) != dev:
+            acts.append(Action(ActionType.RECV_ACT, s, k, src))
+        acts.append(Action(ActionType.F, s, k))
+        if s < last and (dst := stages[s + 1].replica(k)) != dev:
+            acts.append(Action(ActionType.SEND_ACT, s, k, dst))
+    elif kind in ("B", "I"):
+        if s < last and (src := stages[s + 1].replica(k)) != dev:
+            acts.append(Action(ActionType.RECV_GRAD, s, k, src))
+        acts.append(Action(_KIND[kind], s, k))
+        if s > 0 and (dst := stages[s - 1].replica(k)) != dev:
+            acts.append(Action(ActionType.SEND_GRAD, s, k, dst))
+    else:
+        acts.append(Action(_KIND[kind], s, k))

@@ -127,9 +127,10 @@ def validate_schedule(
 
     Checks: every action names an existing stage and microbatch and sits on the device
     that runs it; each microbatch goes forward and backward (B, or I then W) exactly once
-    per stage; forward before backward on each device; every needed transfer has one
-    send after its producer and one receive before its consumer; each stage's devices
-    step once per iteration; and the lists do not deadlock.
+    per stage; forward before backward on each device; a forward after the step that made
+    its weights (iteration ``t`` after STEP of ``t - 1``, under 2bw of ``t - 2``); every
+    needed transfer has one send after its producer and one receive before its consumer;
+    each stage's devices step once per iteration; and the lists do not deadlock.
 
     Example::
 
@@ -173,6 +174,8 @@ def validate_schedule(
                 if key in seen:
                     fail(dev, i, f"{a} appears twice")
                 seen[key] = dev
+                if kind == _F:
+                    _check_weights(schedule, a, steps.get((dev, s), 0), dev, i, fail)
                 if kind in (_B, _I) and (_F, s, k) not in done:
                     fail(dev, i, f"{a} comes before its forward F{s}.{k}")
                 if kind == _W and (_I, s, k) not in done:
@@ -201,6 +204,21 @@ def validate_schedule(
                 fail(dev, None, f"expected {schedule.iterations} STEP{s} on {dev}")
     _check_transfers(schedule, stages, comms, fail)
     _check_deadlock(schedule, stages, fail)
+
+
+def _check_weights(schedule: Schedule, a: Action, steps_done: int, dev, i, fail) -> None:  # type: ignore[no-untyped-def]
+    """A forward of iteration ``t`` needs the weights STEP of iteration ``t - versions``
+    made: with one version the previous iteration's step, under 2bw (two versions) the one
+    before it (:class:`~planner.runtime.optimizer.StreamedTwoBW`)."""
+    iteration = a.microbatch // schedule.num_microbatches
+    needed = iteration - schedule.weight_versions + 1
+    if steps_done < needed:
+        fail(
+            dev,
+            i,
+            f"{a} (iteration {iteration}) comes before STEP{a.stage} of iteration "
+            f"{needed - 1} made its weights ({schedule.weight_versions} weight versions)",
+        )
 
 
 def _check_comm_order(a: Action, done: set[tuple[ActionType, int, int]], dev, i, fail) -> None:  # type: ignore[no-untyped-def]

@@ -34,7 +34,9 @@ def lower_bound_ms(
 ) -> float:
     """``max(total work / devices, busiest device's work, one microbatch's critical path)``.
 
-    Work is forward + backward (with recompute) on the device that runs each microbatch,
+    Work is forward + backward (with recompute) on the device that runs each microbatch
+    (without a flush, where the stream deals each replica ``M / r`` per iteration on
+    average, that average),
     plus one optimizer step per stage the device holds (every replica steps once per
     iteration; ``step_ms`` as in :func:`simulate`, default the profile's); the critical
     path is forward through every stage, backward back, with the transfers between them
@@ -53,7 +55,9 @@ def lower_bound_ms(
     for st in stages:
         r = len(st.devices)
         for j, dev in enumerate(st.devices):
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+            count: float = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+            if not flush:  # a stream deals microbatch k to replica k % r: M / r on average
+                count = num_microbatches / r
             f, b, _, _ = times[(st.id, dev)]
             work[dev] = work.get(dev, 0.0) + count * (f + b) + steps[(st.id, dev)]
     bound = max(max(work.values()), sum(work.values()) / len(work))

@@ -23,6 +23,7 @@ from enum import IntEnum
 from typing import Final
 
 from planner.schedule import ActionType, Schedule
+from planner.schedule.expand import closings
 from planner.stages import StageSpec
 
 __all__ = [
@@ -167,15 +168,18 @@ def _compile_order(
     iteration its ALLREDUCE (replicated stages) and STEP."""
     assert schedule.order is not None
     per_device: dict[str, list[tuple[str, int, int]]] = {d: [] for d in devices}
+    m = schedule.num_microbatches
     for rank in sorted(schedule.order):
-        for op in schedule.order[rank]:
+        ops = schedule.order[rank]
+        closes = closings(ops, m)
+        for i, op in enumerate(ops):
             only = stages[op[1]].devices
             per_device[only[0] if len(only) == 1 else only[op[2] % len(only)]].append(op)
+            if i in closes:  # every replica closes the stage's iteration at this point
+                for d in stages[closes[i]].devices:
+                    per_device[d].append(("C", closes[i], -1))
     index = {d: i for i, d in enumerate(devices)}
-    return [
-        _device_program(per_device[d], d, stages, index, schedule.num_microbatches, total_mb)
-        for d in devices
-    ]
+    return [_device_program(per_device[d], d, stages, index, total_mb) for d in devices]
 
 
 def _device_program(
@@ -183,20 +187,20 @@ def _device_program(
     d: str,
     stages: Sequence[StageSpec],
     index: dict[str, int],
-    m: int,
     total_mb: int,
 ) -> Program:
-    """One device's program from its compute ops (see :func:`_compile_order`)."""
-    closing: dict[tuple[int, int], int] = {}
-    for i, (kind, s, k) in enumerate(ops):
-        if kind != "F":
-            closing[(s, k // m)] = i
-    closers = {i: key[0] for key, i in closing.items()}
+    """One device's program from its compute ops and closing marks ``("C", stage, -1)``
+    (see :func:`_compile_order`)."""
     single = [st.devices[0] if len(st.devices) == 1 else None for st in stages]
     fixed = _fixed_entries(d, stages, single, index, total_mb)
     prog: Program = []
     append = prog.append
-    for i, (kind, s, k) in enumerate(ops):
+    for kind, s, k in ops:
+        if kind == "C":
+            if len(stages[s].devices) > 1:
+                append((ALLREDUCE, s, -1, s * SLOTS + ALLREDUCE, -1, -1, -1))
+            append((STEP, s, -1, s * SLOTS + STEP, -1, -1, -1))
+            continue
         found = fixed.get((kind, s))
         if found is not None:
             code, rbase, sbase, dst = found
@@ -213,11 +217,6 @@ def _device_program(
             )
         else:
             append(_replica_entry(kind, s, k, d, stages, single, index, total_mb))
-        if i in closers:
-            c = closers[i]
-            if len(stages[c].devices) > 1:
-                append((ALLREDUCE, c, -1, c * SLOTS + ALLREDUCE, -1, -1, -1))
-            append((STEP, c, -1, c * SLOTS + STEP, -1, -1, -1))
     return prog
 
 

@@ -1,0 +1,166 @@
+"""Zero bubble's split backward of one stage: ``I`` (input gradients) now, ``W`` later.
+
+Built on torch.distributed.pipelining's ``stage_backward_input`` / ``stage_backward_weight``
+(the split the profiler times), with what a stage whose weights are shared or feed its
+outputs directly needs to train exactly as one whole backward does:
+
+* the weight half runs as **one** parameter group: torch groups the parameters by the
+  nodes where their gradients meet the input-dependent graph, but merges a parameter whose
+  nodes straddle two groups already formed into both (which two depends on set order), so
+  that parameter's gradient would be counted twice, and the first group's call frees the
+  graph the second still needs ("backward through the graph a second time"; a block every
+  layer calls, as ALBERT's; a table every layer reads, as DeBERTa-v2's ``rel_embeddings``;
+  T5's position bias). One group holding every parameter and every such node, each node's
+  gradient held at what the input half saw (torch's clamp), computes each parameter's
+  gradient once, in one call;
+* outputs that do not depend on the stage's inputs (T5's position bias, made from a weight
+  and handed on to the next stage) stay out of torch's input half: its groups start at
+  nodes that depend on the inputs, so the gradient arriving on such an output would reach
+  no weight. The weight half backpropagates it. (An input handed on untouched, as
+  DeBERTa-v2's relative embeddings are, does depend on the inputs: its gradient is part
+  of the input half's);
+* an output that is a view (a slice of a larger tensor) goes to torch through a copy, as
+  torch detaches the outputs in place when the input half is done.
+
+Example::
+
+    half = input_half(roots, root_grads, inputs, params)   # I: inputs' .grad set
+    weight_half(params, half)                               # W: parameters' .grad
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["WeightHalf", "depends_on", "input_half", "one_group", "weight_half"]
+
+
+@dataclass
+class WeightHalf:
+    """What ``W`` needs from ``I``: torch's parameter groups, and the outputs that depend
+    on no input with their gradients."""
+
+    groups: list[dict[str, Any]]
+    weight_roots: list[torch.Tensor] = field(default_factory=list)
+    weight_grads: list[torch.Tensor | None] = field(default_factory=list)
+
+
+def _node(t: torch.Tensor) -> Any:
+    """The autograd node a tensor's gradient enters (its accumulator for a leaf)."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    return t.view_as(t).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+
+
+def depends_on(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[bool]:
+    """For each root, whether its graph reaches one of ``inputs`` (leaves).
+
+    Example::
+
+        depends_on([x * w, w * 2, x], [x])   # [True, False, True]
+    """
+    targets = {_node(t) for t in inputs}
+    reaches: dict[Any, bool] = {}
+    starts = [_node(r) if r.requires_grad else None for r in roots]  # a leaf: its accumulator
+    for start in starts:
+        if start is None or start in reaches:
+            continue
+        stack: list[tuple[Any, bool]] = [(start, False)]
+        while stack:  # iterative post-order over the graph (deep models, no recursion)
+            node, expanded = stack.pop()
+            if node in reaches:
+                continue
+            children = [fn for fn, _ in node.next_functions if fn is not None]
+            if expanded:
+                reaches[node] = node in targets or any(reaches.get(c, False) for c in children)
+                continue
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if c not in reaches)
+    return [start is not None and reaches.get(start, False) for start in starts]
+
+
+def input_half(
+    roots: Sequence[torch.Tensor],
+    root_grads: Sequence[torch.Tensor | None] | None,
+    inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> WeightHalf:
+    """``I``: the gradients of ``inputs`` (into their ``.grad``) from ``roots`` (the loss
+    when ``root_grads`` is None); returns what :func:`weight_half` needs.
+
+    Example::
+
+        half = input_half(outputs, grads_from_next_stage, stage_inputs, stage_params)
+    """
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    grads: list[torch.Tensor | None] = (
+        [None] * len(roots) if root_grads is None else list(root_grads)
+    )
+    linked = depends_on(roots, inputs)
+    half = WeightHalf([])
+    through: list[torch.Tensor] = []
+    through_grads: list[torch.Tensor | None] = []
+    for root, grad, on_inputs in zip(roots, grads, linked, strict=True):
+        if on_inputs:
+            through.append(root.clone() if root._base is not None else root)
+            through_grads.append(grad)
+        elif grad is not None or root.numel() == 1:  # no gradient arrived: nothing to add
+            half.weight_roots.append(root)
+            half.weight_grads.append(grad)
+    if through:
+        _, groups = stage_backward_input(
+            through,
+            None if root_grads is None else through_grads,  # type: ignore[arg-type]
+            list(inputs),
+            iter(params),  # type: ignore[arg-type]
+        )
+        half.groups = one_group(groups)
+    return half
+
+
+def one_group(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """torch's parameter groups as one: every parameter, every node where a gradient was
+    captured (once each, with that gradient); none where no gradient was captured.
+
+    Example::
+
+        one_group(groups)   # [{"params": {...}, "intermediates": [...], "grads": [...]}]
+    """
+    params: set[Any] = set()
+    nodes: list[Any] = []
+    grads: list[Any] = []
+    seen: set[Any] = set()
+    for group in groups:
+        params |= group["params"]
+        captured = group.get("grads")
+        if captured is None:  # no gradient reached this group's nodes
+            continue
+        for node, grad in zip(group["intermediates"], captured, strict=True):
+            if grad is not None and node not in seen:
+                seen.add(node)
+                nodes.append(node)
+                grads.append(grad)
+    if not nodes:
+        return []
+    return [{"params": params, "intermediates": nodes, "grads": grads}]
+
+
+def weight_half(params: Sequence[torch.Tensor], half: WeightHalf) -> None:
+    """``W``: the parameters' gradients (added to their ``.grad``), then the graph is freed.
+
+    Example::
+
+        weight_half(stage_params, half)
+    """
+    from torch.distributed.pipelining._backward import stage_backward_weight
+
+    if half.groups:  # the outputs' backward below may pass the same weight-side nodes
+        retain = bool(half.weight_roots)
+        stage_backward_weight(iter(params), half.groups, retain_graph=retain)  # type: ignore[arg-type]
+    if half.weight_roots:
+        torch.autograd.backward(half.weight_roots, half.weight_grads)
