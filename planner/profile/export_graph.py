@@ -270,6 +270,10 @@ def _rebuild(model: nn.Module, program: Any, *, in_eval_mode: bool = False) -> E
                     )
             graph.output(tuple(user))
             continue
+        if node.target in _DTYPE_ASSERTIONS:
+            # export checks the dtype a `.to()` saw at capture (fp32); under the profile's
+            # autocast the same value is bf16 there and the check would fail, not the code.
+            continue
         env[node] = graph.node_copy(node, lambda n: env[n])
         written = mutated.get(node.name)
         if written is not None:  # write the buffer back where its new value is made
@@ -278,6 +282,9 @@ def _rebuild(model: nn.Module, program: Any, *, in_eval_mode: bool = False) -> E
     graph.lint()
     out_spec = program.call_spec.out_spec
     return ExportedGraph(graph, attributes, tuple(input_names), out_spec, in_eval_mode)
+
+
+_DTYPE_ASSERTIONS = (torch.ops.aten._assert_tensor_metadata.default,)
 
 
 def _canonical_names(model: nn.Module) -> dict[int, str]:
