@@ -229,6 +229,18 @@ def test_twins_give_exactly_what_counting_every_layer_gives(example: str) -> Non
     assert slow.meta["analytic"]["layers_from_twins"] == 0
 
 
+def test_one_capture_for_all_sizes_gives_what_one_capture_per_size_gives() -> None:
+    pytest.importorskip("transformers")
+    path = EXAMPLES / "hf_llama.py"
+    once = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16")
+    each = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16", dynamic_batch=False)
+    assert once.meta["analytic"]["one_capture_for_all_sizes"] is True
+    assert each.meta["analytic"]["one_capture_for_all_sizes"] is False
+    assert [m.to_dict() for m in once.measurements] == [m.to_dict() for m in each.measurements]
+    assert once.meta["capture"] == each.meta["capture"] == "export"
+    assert [layer.name for layer in once.layers] == [layer.name for layer in each.layers]
+
+
 def test_layers_that_differ_only_in_an_attribute_are_not_twins(tmp_path: Path) -> None:
     # Same class, same parameters; the second block's forward repeats its matmul (a plain
     # int attribute): a signature blind to it would copy the first block's count.

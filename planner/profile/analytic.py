@@ -77,6 +77,7 @@ class AnalyticSettings:
     capture: str
     threads: int = 1
     twins: bool = True  # count each distinct layer once (module docstring)
+    dynamic_batch: bool = True  # one export for every microbatch size (_Counter.capture_once)
 
 
 def check_analytic_settings(
@@ -88,6 +89,7 @@ def check_analytic_settings(
     threads: int = 1,
     *,
     twins: bool = True,
+    dynamic_batch: bool = True,
 ) -> AnalyticSettings:
     """Every argument checked before any work: one InputError naming the flag at fault.
 
@@ -110,7 +112,7 @@ def check_analytic_settings(
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise InputError(f"expected a positive integer, got {threads!r}", field="--threads")
     return AnalyticSettings(
-        spec, eff, check_precision(precision), optimizer, capture, threads, twins
+        spec, eff, check_precision(precision), optimizer, capture, threads, twins, dynamic_batch
     )
 
 
@@ -126,13 +128,16 @@ def analytic_profile(
     capture: str = "auto",
     threads: int = 1,
     twins: bool = True,
+    dynamic_batch: bool = True,
     progress: ProgressFn | None = None,
 ) -> Profile:
     """The analytic profile of the model.py at ``path`` (module docstring).
 
     ``gpu``: a catalog name, a YAML file with an entry of one's own, or a :class:`GpuSpec`;
     ``efficiency``: ``"matmul=0.6,memory=0.8"`` over the GPU's defaults; ``threads``: for
-    the ``cpu`` entry's measured peaks; ``twins=False`` counts every layer on its own.
+    the ``cpu`` entry's measured peaks; ``twins=False`` counts every layer on its own;
+    ``dynamic_batch=False`` exports the model once per microbatch size (as the measured
+    profiler does) instead of once for all.
 
     Example::
 
@@ -140,8 +145,9 @@ def analytic_profile(
     """
     sizes = parse_microbatch_sizes(microbatch_sizes)
     settings = check_analytic_settings(
-        gpu, efficiency, precision, optimizer, capture, threads, twins=twins
-    )
+        gpu, efficiency, precision, optimizer, capture, threads, twins=twins,
+        dynamic_batch=dynamic_batch,
+    )  # fmt: skip
     user = load_model_file(path)
     return _profile(user, sizes, settings, split_at, progress)
 
@@ -168,6 +174,8 @@ def _profile(
     mode = fake_mode()
     model = build_fake(user, mode)
     counter = _Counter(user, model, mode, roofline, settings, split_at)
+    if settings.dynamic_batch:
+        counter.capture_once(sizes)
     measurements = []
     total = len(sizes)
     for done, size in enumerate(sizes):
@@ -213,6 +221,34 @@ class _Counter:
         self.first_split: Any = None
         self.counted = 0  # layers counted
         self.reused = 0  # layers that took a twin's counts
+        self.dynamic = False  # one export with a symbolic batch size served every size
+
+    def capture_once(self, sizes: list[int]) -> None:
+        """An exported graph is specialised to its batch size: capture it once with the batch
+        dimension symbolic (at the largest size, since torch fixes a size of 1), so that one
+        capture serves every size. Where torch refuses (the model specialises on the batch
+        size), or fx captures anyway, each size is captured as the measured profiler does."""
+        from planner.profile.fake_model import fake_batch
+        from planner.profile.split import capture_model
+
+        if len(sizes) < 2 or sizes[-1] < 2 or self.settings.capture == "fx":
+            return
+        inputs, _ = fake_batch(self.user, sizes[-1], self.mode)
+        with self.mode:
+            try:
+                split = capture_model(
+                    self.model,
+                    inputs,
+                    self.split_at,
+                    capture=self.settings.capture,
+                    source=self.user.path,
+                    dynamic_batch=True,
+                )
+            except InputError:
+                return
+        if split.capture != "fx":
+            self.first_split = split
+            self.dynamic = True
 
     def measure(self, size: int) -> Measurement:
         """Every layer's counts at microbatch size ``size``."""
@@ -342,6 +378,7 @@ def _meta(
             "optimizer_step_bytes_per_param_byte": STEP_TRAFFIC[settings.optimizer],
             "layers_counted": counter.counted,
             "layers_from_twins": counter.reused,
+            "one_capture_for_all_sizes": counter.dynamic,
         },
         "split_at": split_at,
         "split_points": list(split.split_points),
