@@ -534,3 +534,15 @@ def test_hf_config_examples_build_on_meta_only(folder: str, billions: float) -> 
     with pytest.raises(InputError, match="meta device only.*--analytic") as info:
         user.build()
     assert info.value.field == "build_model"
+
+
+def test_the_default_output_is_beside_the_measured_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, stderr = _run(
+        ["profile", str(EXAMPLES / "mlp.py"), "--analytic", "--gpu", "l40s", "-b", "2", "-q"],
+        capsys,
+    )
+    assert code == 0, stderr
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["mlp-l40s.json"]

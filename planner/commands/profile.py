@@ -247,8 +247,9 @@ def run_analytic(
     if output is not None:
         check_output_path(output, field="-o")
     load_model_file(model)
-    if output is None:
-        output = default_output(model)
+    if output is None:  # beside, never over, a measured profile of the model
+        measured = default_output(model)
+        output = measured.with_name(f"{measured.stem}-{settings.gpu.name}.json")
         output.parent.mkdir(parents=True, exist_ok=True)
         check_output_path(output)
     with (
