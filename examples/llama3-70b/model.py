@@ -16,8 +16,7 @@ Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 
-    $ pipeplan profile examples/llama3-70b/model.py --analytic --gpu h100-sxm \
-        --precision bf16 -b 1,2
+    $ pipeplan profile examples/llama3-70b/model.py --analytic --gpu h100-sxm --precision bf16
 """
 
 from __future__ import annotations
