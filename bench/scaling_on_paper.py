@@ -1,25 +1,25 @@
 """Scaling on paper: GPT-3 sizes on 64-1024 simulated H100s. DERIVED, NOT MEASURED.
 
-Every per-layer cost here comes from formulas, not from a profiler:
-
-- a transformer block of hidden size ``h`` at sequence length ``s`` and microbatch ``b``
-  does ``24 b s h^2 + 4 b s^2 h`` forward FLOPs (Megatron-LM's count), backward twice that,
-  split evenly into its input- and weight-gradient halves; the head ``2 b s h V``;
-- time = FLOPs / (989 TFLOP/s bf16 dense peak x an assumed 45 % efficiency);
-- 12 h^2 parameters per block, bf16 weights (2 B each), mixed-precision Adam state
-  (12 B per parameter); activations kept for backward ``s b h (34 + 5 a s / h)`` bytes
-  (Korthikanti et al. 2022, no recompute), the block output ``2 s b h`` bytes.
+Every per-layer cost comes from the analytic profile of real model code, not from a
+profiler run and not from a formula of this script: examples/gpt.py's GPT (embedding with
+learned positions, pre-norm blocks of causal self-attention and a 4h GELU MLP, LayerNorm
+and the logit layer) at GPT-3 sizes, built on the meta device and counted by
+``pipeplan profile --analytic --gpu h100-sxm --precision bf16`` (planner/profile/analytic.py:
+FLOPs and bytes of every aten operation, a roofline of the H100 SXM datasheet at the
+catalog's default efficiencies, activation bytes as torch's mixed precision keeps them).
 
 Models (Brown et al. 2020, table 2.1): 1.3B, 6.7B, 13B, 175B; sequence 2048, vocabulary
-50257. Clusters: DGX-H100-like hosts (8 GPUs on a 450 GB/s NVSwitch, one 400 Gbit/s
-InfiniBand NIC per GPU, as ``topologies/two-node-ib.yaml``) with 64 to 1024 GPUs. Global
-batch 512 sequences (1M tokens). Reported: how long ``solve`` takes (as ``pipeplan solve``
-runs it, the tuned peers of ``planner.partition.peers`` included), how far its simulated plan
-is from the global lower bound (every GPU busy with an equal share, no communication) and from
-the search's bound for the plan itself (its busiest GPU's compute + all-reduce + step, with
-the pipeline's fill and drain), and the best tuned peer (DeepSpeed, Megatron-LM,
+50257; microbatch sizes 1 and 2. Clusters: ``pipeplan topology cluster --preset dgx-h100
+--network fat-tree`` (8 H100 SXM per node on a 450 GB/s NVSwitch, one 400 Gbit/s
+InfiniBand NIC per GPU on a non-blocking fat tree) with 64 to 1024 GPUs. Global batch 512
+sequences (1M tokens). Reported: how long ``solve`` takes (as ``pipeplan solve`` runs it,
+the tuned peers of ``planner.partition.peers`` included), how far its simulated plan is from
+the global lower bound (every GPU busy with an equal share, no communication) and from the
+search's bound for the plan itself (its busiest GPU's compute + all-reduce + step, with the
+pipeline's fill and drain), and the best tuned peer (DeepSpeed, Megatron-LM,
 torch.distributed.pipelining, ... each at its best depth x data parallel, microbatch and
-schedule) against pipeplan's plan and against its search alone.
+schedule) against pipeplan's plan and against its search alone. ``profile_s`` (in the
+JSON's ``profiles``) is how long each analytic profile took here.
 
 175B runs on 64 GPUs only by default: its 64-stage plans with 512 microbatches make each
 simulation ~0.3 s and one solve ~1 minute on a 2-core CPU; ``--all`` adds 128-1024 GPUs
@@ -38,6 +38,8 @@ import argparse
 import json
 import os
 import platform
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -46,13 +48,15 @@ from plan_summary import plan_summary
 from svgplot import line_plot
 
 from planner.errors import InfeasibleError
-from planner.profile import Layer, LayerTiming, Measurement, Profile
+from planner.profile import Profile
+from planner.profile.analytic import analytic_profile
 from planner.solve import solve
 from planner.topology import Topology, topology_from_dict
+from planner.topology.cluster import cluster_dict
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-PEAK_FLOPS = 989e12  # H100 SXM bf16 dense
-EFFICIENCY = 0.45
+GPU, PRECISION, SIZES = "h100-sxm", "bf16", (1, 2)
 SEQ, VOCAB = 2048, 50257
 GLOBAL_BATCH = 512  # sequences (1M tokens); GPT-3 175B used 1536
 # name: (layers, hidden, heads)
@@ -65,62 +69,46 @@ MODELS = {
 GPUS = [64, 128, 256, 512, 1024]
 
 
-def _ms(flops: float) -> float:
-    return flops / (PEAK_FLOPS * EFFICIENCY) * 1e3
+def model_file(name: str, folder: Path) -> Path:
+    """A model.py of examples/gpt.py's GPT at GPT-3 size ``name``."""
+    layers, hidden, heads = MODELS[name]
+    path = folder / f"{name}.py"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(ROOT / "examples")!r})
+            import torch
+            from gpt import GPT
 
+            def build_model():
+                return GPT(vocab={VOCAB}, seq_len={SEQ}, d_model={hidden}, n_head={heads},
+                           n_layer={layers})
 
-def _timing(fwd_flops: float, out_bytes: int, saved_bytes: int) -> LayerTiming:
-    f = _ms(fwd_flops)
-    return LayerTiming(f, 2 * f, f, f, out_bytes, saved_bytes)
-
-
-def gpt3_profile(name: str, microbatch_sizes: tuple[int, ...] = (1, 2)) -> Profile:
-    """An analytic profile: embedding, ``L`` blocks, head (LayerNorm + logits)."""
-    n_layers, h, a = MODELS[name]
-    block_params = 12 * h * h
-    layers = [Layer("embedding", VOCAB * h, 2 * VOCAB * h, 12 * VOCAB * h)]
-    layers += [
-        Layer(f"block{i}", block_params, 2 * block_params, 12 * block_params)
-        for i in range(n_layers)
-    ]
-    layers.append(Layer("head", VOCAB * h, 2 * VOCAB * h, 12 * VOCAB * h))
-    measurements = []
-    for b in microbatch_sizes:
-        out = 2 * SEQ * b * h
-        saved = int(SEQ * b * h * (34 + 5 * a * SEQ / h))
-        block_flops = 24 * b * SEQ * h * h + 4 * b * SEQ * SEQ * h
-        timings = [LayerTiming(0.01, 0.02, 0.01, 0.01, out, out)]  # a lookup: ~free
-        timings += [_timing(block_flops, out, saved) for _ in range(n_layers)]
-        timings.append(_timing(2 * b * SEQ * h * VOCAB, 4 * b * SEQ * VOCAB, 4 * b * SEQ * VOCAB))
-        measurements.append(Measurement(b, 8 * b * SEQ, timings))
-    return Profile(
-        name,
-        layers,
-        measurements,
-        device="cuda",
-        dtype="bfloat16",
-        meta={"origin": "analytic (bench/scaling_on_paper.py), not measured"},
+            def sample_batch(b):
+                t = torch.randint(0, {VOCAB}, (b, {SEQ} + 1))
+                return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+            """
+        )
     )
+    return path
+
+
+def gpt3_profile(name: str, folder: Path) -> tuple[Profile, float]:
+    """The analytic profile of GPT-3 ``name`` on the H100 SXM, and the seconds it took."""
+    start = time.perf_counter()
+    profile = analytic_profile(model_file(name, folder), SIZES, gpu=GPU, precision=PRECISION)
+    return profile, time.perf_counter() - start
 
 
 def cluster(n: int) -> Topology:
-    """``n`` H100s in hosts of 8: NVSwitch inside, one 400 Gbit/s IB NIC per GPU."""
+    """``n`` H100s: DGX H100 nodes on a non-blocking fat tree (``topology cluster``)."""
     return topology_from_dict(
-        {
-            "name": f"h100-ib-{n}",
-            "hosts": {
-                "count": n // 8,
-                "devices": {"count": 8, "memory": "80 GiB", "kind": "H100"},
-                "switch": {"name": "nvswitch", "bandwidth": "450 GB/s", "latency": "1 us"},
-                "network": {"name": "ib", "bandwidth": "400 Gbit/s", "latency": "2.5 us"},
-            },
-        },
-        f"<h100-ib-{n}>",
+        cluster_dict("dgx-h100", n // 8, network="fat-tree"), f"<dgx-h100 x{n // 8}>"
     )
 
 
-def measure(model: str, gpus: int) -> dict[str, Any]:
-    profile = gpt3_profile(model)
+def measure(model: str, gpus: int, profile: Profile) -> dict[str, Any]:
     topo = cluster(gpus)
     row: dict[str, Any] = {"model": model, "gpus": gpus}
     start = time.perf_counter()
@@ -176,16 +164,26 @@ def main() -> None:
     models = ["gpt3-1.3b", "gpt3-13b"] if args.quick else list(MODELS)
     gpus = [64] if args.quick else GPUS
     rows = []
+    profiles: dict[str, dict[str, Any]] = {}
     print("DERIVED, NOT MEASURED: analytic GPT-3 per-layer costs on simulated H100 clusters")
     print(
         f"{'model':<10} {'GPUs':>5} {'solve s':>8} {'plan':<28} {'iter s':>7} {'vs LB':>6} "
         f"{'vs peer':>7} {'alone':>6}"
     )
+    folder = Path(tempfile.mkdtemp(prefix="scaling_on_paper-"))
     for model in models:
+        profile, seconds = gpt3_profile(model, folder)
+        profiles[model] = {
+            "profile_s": round(seconds, 2),
+            "parameters": sum(layer.param_count for layer in profile.layers),
+            "forward_tflop_per_sequence": round(
+                sum(t.forward_flops or 0 for t in profile.measurement(1).layers) / 1e12, 3
+            ),
+        }
         for n in gpus:
             if model == "gpt3-175b" and n > 64 and not args.all:
                 continue
-            r = measure(model, n)
+            r = measure(model, n, profile)
             rows.append(r)
             plan = (
                 f"{r['stages']}st x{r['replicas']} {r['schedule']} {r['microbatch']}"
@@ -204,12 +202,15 @@ def main() -> None:
     payload = {
         "benchmark": "scaling_on_paper",
         "note": (
-            "DERIVED, NOT MEASURED: per-layer costs from FLOP and byte formulas "
-            f"({EFFICIENCY:.0%} of {PEAK_FLOPS / 1e12:.0f} TFLOP/s), simulated clusters; "
-            "only solve_s is a measurement (of the planner on this machine)."
+            "DERIVED FROM THE ANALYTIC MODEL, NOT MEASURED: per-layer costs from analytic "
+            f"profiles of examples/gpt.py's GPT at GPT-3 sizes (--analytic --gpu {GPU} "
+            f"--precision {PRECISION}: FLOPs and bytes per aten op, roofline at the catalog's "
+            "default efficiencies), simulated DGX H100 clusters; only solve_s and profile_s "
+            "are measurements (of pipeplan on this machine)."
         ),
         "machine": f"{os.cpu_count()} CPU cores, Python {platform.python_version()}",
         "global_batch": GLOBAL_BATCH,
+        "profiles": profiles,
         "rows": rows,
     }
     (RESULTS / "scaling_on_paper.json").write_text(json.dumps(payload, indent=1) + "\n")

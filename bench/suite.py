@@ -187,6 +187,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         "Scaling on paper: GPT-3 sizes on 64-1024 GPUs (derived, not measured)",
         plots=("scaling_on_paper.svg", "scaling_on_paper_quality.svg"),
     ),
+    Benchmark(
+        "analytic_profile",
+        "analytic_profile.py",
+        "Analytic profiles: 405B on one core, the README's three commands, analytic against "
+        "measured on CPU",
+        timeout_s=1200,
+        quick_timeout_s=120,
+        requires=("transformers",),
+    ),
 )
 
 

@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -19,6 +20,7 @@ import typer
 from planner.errors import InputError
 from planner.outputs import Outputs
 from planner.precision import check_precision
+from planner.profile.analytic import analytic_info, analytic_profile, check_analytic_settings
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.profile.loader import load_model_file, model_name
 from planner.profile.measure import (
@@ -35,7 +37,14 @@ if TYPE_CHECKING:
 
     from planner.profile.schema import Profile
 
-__all__ = ["default_output", "pass_check_lines", "profile_table", "register", "run_profile"]
+__all__ = [
+    "default_output",
+    "pass_check_lines",
+    "profile_table",
+    "register",
+    "run_analytic",
+    "run_profile",
+]
 
 
 def default_output(model_path: str | Path) -> Path:
@@ -59,24 +68,35 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
 
     size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
     m = profile.measurement(size)
+    info = analytic_info(profile)
+    where = f"analytic for {info['gpu']['name']}" if info else f"on {profile.device}"
+    caption = "bwd: whole backward; in, wt: its two halves; opt: optimizer step; act: saved for bwd"
+    if info:
+        flops = sum((t.forward_flops or 0) for t in m.layers)
+        eff = ", ".join(f"{k} {v:g}" for k, v in info["efficiency"].items())
+        caption += (
+            f"; times are a roofline, not measured (efficiency {eff}); "
+            f"forward {flops / 1e12:.4g} TFLOP per microbatch"
+        )
     table = Table(
-        title=f"{profile.model} on {profile.device}, {profile.precision}, microbatch size {size} "
+        title=f"{profile.model} {where}, {profile.precision}, microbatch size {size} "
         "(times in ms)"
         + (f", captured with {profile.meta['capture']}" if profile.meta.get("capture") else ""),
-        caption="bwd: whole backward; in, wt: its two halves; opt: optimizer step; "
-        "act: saved for bwd",
+        caption=caption,
     )
     for header in ("#", "layer", "fwd", "bwd", "in", "wt", "opt", "params", "act", "out"):
         table.add_column(header, justify="left" if header == "layer" else "right")
+    # A roofline of a small model on a big GPU gives microseconds: keep three digits.
+    ms = _short_ms if info else _fixed_ms
     for i, (layer, t) in enumerate(zip(profile.layers, m.layers, strict=True)):
         table.add_row(
             str(i),
             layer.name,
-            f"{t.forward_ms:.2f}",
-            f"{t.backward_ms:.2f}",
-            f"{t.backward_input_ms:.2f}",
-            f"{t.backward_weight_ms:.2f}",
-            f"{layer.optimizer_ms:.2f}",
+            ms(t.forward_ms),
+            ms(t.backward_ms),
+            ms(t.backward_input_ms),
+            ms(t.backward_weight_ms),
+            ms(layer.optimizer_ms),
             _size(layer.param_bytes),
             _size(t.saved_bytes),
             _size(t.output_bytes),
@@ -85,11 +105,11 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     table.add_row(
         "",
         "total",
-        f"{sum(t.forward_ms for t in m.layers):.2f}",
-        f"{sum(t.backward_ms for t in m.layers):.2f}",
-        f"{sum(t.backward_input_ms for t in m.layers):.2f}",
-        f"{sum(t.backward_weight_ms for t in m.layers):.2f}",
-        f"{sum(layer.optimizer_ms for layer in profile.layers):.2f}",
+        ms(sum(t.forward_ms for t in m.layers)),
+        ms(sum(t.backward_ms for t in m.layers)),
+        ms(sum(t.backward_input_ms for t in m.layers)),
+        ms(sum(t.backward_weight_ms for t in m.layers)),
+        ms(sum(layer.optimizer_ms for layer in profile.layers)),
         _size(sum(layer.param_bytes for layer in profile.layers)),
         _size(sum(t.saved_bytes for t in m.layers)),
         "",
@@ -176,6 +196,84 @@ def run_profile(
     return profile, output
 
 
+def run_analytic(
+    model: Path,
+    sizes: str,
+    *,
+    output: Path | None,
+    gpu: str | None,
+    efficiency: str | None = None,
+    optimizer: str = "adam",
+    split_at: str | None = None,
+    capture: str = "auto",
+    precision: str = "fp32",
+    threads: int = 1,
+    measuring: dict[str, Any] | None = None,
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> tuple[Profile, Path]:
+    """``pipeplan profile --analytic``: check everything, count the model built on the meta
+    device (planner/profile/analytic.py), write the profile atomically.
+
+    ``measuring`` holds the measuring flags as given (``--device``, ``--repeat``, ...);
+    any that differs from its default is refused: an analytic profile measures nothing.
+
+    Example::
+
+        profile, path = run_analytic(Path("examples/gpt.py"), "1,2", output=None,
+                                     gpu="h100-sxm")
+    """
+    from rich.console import Console
+
+    err = console or Console(stderr=True)
+    defaults = {"--device": "cpu", "--repeat": 5, "--warmup": 2, "--timing": None}
+    for flag, value in (measuring or {}).items():
+        if value != defaults.get(flag):
+            raise InputError(
+                f"an analytic profile runs the model on no device and times nothing; drop "
+                f"{flag} (the GPU is named with --gpu)",
+                field=flag,
+            )
+    if gpu is None:
+        from planner.gpus import catalog_names
+
+        raise InputError(
+            f"name the GPU to plan for: one of {', '.join(catalog_names())}, or a YAML file "
+            "with an entry of your own",
+            field="--gpu",
+        )
+    microbatch_sizes = parse_microbatch_sizes(sizes)
+    settings = check_analytic_settings(gpu, efficiency, precision, optimizer, capture, threads)
+    gpu_file = gpu if gpu.endswith((".yaml", ".yml")) else None
+    outs = Outputs([("the model file", model), ("--gpu", gpu_file)])
+    outs.file(output, "-o")
+    load_model_file(model)
+    if output is None:  # beside, never over, a measured profile of the model
+        measured = default_output(model)
+        output = outs.file(
+            measured.with_name(f"{measured.stem}-{settings.gpu.name}.json"), None, make_folder=True
+        )
+    with (
+        err.status(f"counting {model} for {settings.gpu.name}", spinner="dots")
+        if show_progress and err.is_terminal
+        else contextlib.nullcontext()
+    ):
+        profile = analytic_profile(
+            model,
+            microbatch_sizes,
+            gpu=settings.gpu,
+            efficiency=settings.efficiency,
+            precision=precision,
+            optimizer=optimizer,
+            split_at=split_at,
+            capture=capture,
+            threads=threads,
+        )
+    outs.write_json(output, profile.to_dict())
+    outs.commit()
+    return profile, output
+
+
 def pass_check_lines(profile: Profile, tolerance: float = 0.02) -> list[str]:
     """One line per microbatch size whose layers do not add up to the whole pass within
     ``tolerance`` (pass timing only; an empty list when they all do).
@@ -250,6 +348,26 @@ def profile(
     optimizer: str = typer.Option(
         "adam", "--optimizer", help="Optimizer state to count: adam, adamw (2x), momentum, sgd."
     ),
+    analytic: bool = typer.Option(
+        False,
+        "--analytic",
+        help="Count instead of measuring: the model built on the meta device (no weights), "
+        "FLOPs and bytes of every operation, times from the roofline of --gpu.",
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help="With --analytic: the GPU to plan for (h100-sxm, a100-80gb-sxm, h200, b200, "
+        "mi300x, l40s, ... or cpu: this machine, measured), or a YAML file with your own entry.",
+        show_default=False,
+    ),
+    efficiency: str | None = typer.Option(
+        None,
+        "--efficiency",
+        help="With --analytic: fractions of the GPU's peaks reached, e.g. "
+        "'matmul=0.6,attention=0.5,memory=0.8' (default: the catalog's).",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print the profile (and where it was written) as JSON on stdout."
     ),
@@ -262,6 +380,8 @@ def profile(
     the model's own pipeline plan, or between the blocks of its largest ModuleList.
 
     Times are medians of --repeat runs; details and the file format in docs/profile.md.
+    --analytic --gpu NAME counts the model built without weights against a GPU's datasheet
+    instead (docs/profile.md#analytic-profiles).
 
     Example: pipeplan profile examples/gpt.py -b 1,2,4 -o profiles/gpt.json
     """
@@ -269,6 +389,32 @@ def profile(
 
     started = time.perf_counter()
     err = Console(stderr=True)
+    if analytic:
+        result, path = run_analytic(
+            model,
+            sizes,
+            output=output,
+            gpu=gpu,
+            efficiency=efficiency,
+            optimizer=optimizer,
+            split_at=split_at,
+            capture=capture,
+            precision=precision,
+            threads=threads,
+            measuring={
+                "--device": device,
+                "--repeat": repeat,
+                "--warmup": warmup,
+                "--timing": timing,
+            },
+            console=err,
+            show_progress=not quiet and not as_json,
+        )
+        _report(result, path, time.perf_counter() - started, as_json=as_json, quiet=quiet)
+        return
+    for flag, value in (("--gpu", gpu), ("--efficiency", efficiency)):
+        if value is not None:
+            raise InputError("applies to analytic profiles only; add --analytic", field=flag)
     result, path = run_profile(
         model,
         sizes,
@@ -285,7 +431,12 @@ def profile(
         console=err,
         show_progress=not quiet and not as_json,
     )
-    seconds = time.perf_counter() - started
+    _report(result, path, time.perf_counter() - started, as_json=as_json, quiet=quiet)
+
+
+def _report(result: Profile, path: Path, seconds: float, *, as_json: bool, quiet: bool) -> None:
+    from rich.console import Console
+
     if as_json:
         summary: dict[str, Any] = {"output": str(path), "seconds": round(seconds, 2)}
         summary["profile"] = result.to_dict()
@@ -294,12 +445,21 @@ def profile(
         return
     if not quiet:
         Console().print(profile_table(result))
+    err = Console(stderr=True)
     for line in pass_check_lines(result):
         err.print(f"warning: {line}")
     batch_dependence = batch_dependence_warning(result.meta.get("batch_dependent") or [])
     if batch_dependence is not None:
         err.print(f"warning: {batch_dependence}")
     err.print(f"wrote {path} ({result.num_layers} layers, {seconds:.1f} s)")
+
+
+def _fixed_ms(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _short_ms(value: float) -> str:
+    return f"{value:.2f}" if value >= 10 or value == 0 else f"{value:.3g}"
 
 
 def _size(n: int) -> str:

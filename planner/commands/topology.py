@@ -6,6 +6,7 @@ Example::
     $ pipeplan topology check topologies/two-node-ib.yaml
     $ pipeplan topology detect -o topologies/mine.yaml
     $ pipeplan topology detect --from-file tests/data/nvidia-smi/dgx-h100.txt
+    $ pipeplan topology cluster --preset dgx-h100 --nodes 16 -o topologies/h100x16.yaml
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["register", "topology_app"]
 topology_app = typer.Typer(
     name="topology",
     help=(
-        "Show, check and detect machine topologies (devices, switches, links).\n\n"
+        "Show, check, detect and generate machine topologies (devices, switches, links).\n\n"
         "Example: pipeplan topology show topologies/dgx1-v100.yaml"
     ),
     no_args_is_help=True,
@@ -272,6 +273,65 @@ def detect(
             )
     elif not as_json:
         print(text, end="")
+
+
+@topology_app.command("cluster")
+def cluster(
+    preset: str = typer.Option(
+        ...,
+        "--preset",
+        help="The node: dgx-a100, dgx-h100, hgx-h200 or dgx-b200 (8 GPUs on NVSwitch, one "
+        "NIC per GPU).",
+        show_default=False,
+    ),
+    nodes: int = typer.Option(..., "--nodes", help="How many nodes.", show_default=False),
+    network: str = typer.Option(
+        "rail",
+        "--network",
+        help="rail (GPU k of every node on rail switch k, rails on a spine) or fat-tree "
+        "(every NIC on one non-blocking switch).",
+    ),
+    speed: float = typer.Option(
+        1.0, "--speed", help="Every GPU's speed relative to the profile's device."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Write the topology YAML here (default: stdout).",
+        show_default=False,
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Generate a DGX / HGX cluster of N nodes as a topology file, checked as any other.
+
+    Example: pipeplan topology cluster --preset dgx-h100 --nodes 16 -o topologies/h100x16.yaml
+    """
+    from planner.topology import topology_from_dict
+    from planner.topology.cluster import check_cluster, cluster_dict, cluster_yaml
+
+    check_cluster(preset, nodes, network, speed)  # before anything is built or written
+    outs = Outputs([])
+    outs.file(output, "-o")
+    data = cluster_dict(preset, nodes, network=network, speed=speed)
+    text = cluster_yaml(data, preset)
+    import yaml
+
+    topo = topology_from_dict(yaml.safe_load(text), str(output or "<cluster>"))
+    if output is None and not as_json:
+        print(text, end="")
+        return
+    if output is not None:
+        outs.write_text(output, text)
+        outs.commit()
+    s = _summary(topo)
+    if as_json:
+        print(json.dumps({"ok": True, "output": None if output is None else str(output), **s}))
+        return
+    print(
+        f"wrote {output}: {topo.name!r}, {s['devices']} devices on {s['hosts']} hosts, "
+        f"{s['switches']} switches, {s['links']} links"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -106,11 +106,18 @@ def call_for_training(model: nn.Module, inputs: tuple[Any, ...] | Mapping[str, A
     return model(*inputs)
 
 
-def export_graph(model: nn.Module, inputs: tuple[Any, ...] | Mapping[str, Any]) -> ExportedGraph:
+def export_graph(
+    model: nn.Module,
+    inputs: tuple[Any, ...] | Mapping[str, Any],
+    *,
+    dynamic_batch: bool = False,
+) -> ExportedGraph:
     """Export ``model``'s forward on ``inputs`` (non-strict) and re-attach its attributes.
 
     Raises :class:`InputError` naming the construct that stopped the export (a
-    data-dependent branch, with its file and line where torch says it).
+    data-dependent branch, with its file and line where torch says it). ``dynamic_batch``:
+    the first dimension of every tensor input is exported as one symbolic size, so the
+    graph runs at any microbatch size (torch raises where the model specialises on it).
 
     Example::
 
@@ -121,15 +128,28 @@ def export_graph(model: nn.Module, inputs: tuple[Any, ...] | Mapping[str, Any]) 
         kwargs = _training_kwargs(model, ordered_kwargs(model, inputs))
     else:
         args, kwargs = tuple(inputs), {}
+    dynamic = _batch_dims(args, kwargs) if dynamic_batch else None
     try:
         with _quiet_torch_logs():
-            program = torch.export.export(model, args, kwargs, strict=False)
+            program = torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=dynamic)
     except Exception as first:  # any export failure is a property of the user's model
         program = _export_without_dropout(model, args, kwargs, first)
         if program is None:
             raise InputError(_why_not(first), field="build_model") from None
         return _rebuild(model, program, in_eval_mode=True)
     return _rebuild(model, program)
+
+
+def _batch_dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``dynamic_shapes`` with dimension 0 of every tensor input one symbolic batch size."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+
+    def spec(value: Any) -> Any:
+        return {0: batch} if isinstance(value, torch.Tensor) and value.dim() else None
+
+    if kwargs:
+        return {key: spec(value) for key, value in kwargs.items()}
+    return tuple(spec(value) for value in args)
 
 
 def _export_without_dropout(
@@ -270,6 +290,10 @@ def _rebuild(model: nn.Module, program: Any, *, in_eval_mode: bool = False) -> E
                     )
             graph.output(tuple(user))
             continue
+        if node.target in _DTYPE_ASSERTIONS:
+            # export checks the dtype a `.to()` saw at capture (fp32); under the profile's
+            # autocast the same value is bf16 there and the check would fail, not the code.
+            continue
         env[node] = graph.node_copy(node, lambda n: env[n])
         written = mutated.get(node.name)
         if written is not None:  # write the buffer back where its new value is made
@@ -278,6 +302,9 @@ def _rebuild(model: nn.Module, program: Any, *, in_eval_mode: bool = False) -> E
     graph.lint()
     out_spec = program.call_spec.out_spec
     return ExportedGraph(graph, attributes, tuple(input_names), out_spec, in_eval_mode)
+
+
+_DTYPE_ASSERTIONS = (torch.ops.aten._assert_tensor_metadata.default,)
 
 
 def _canonical_names(model: nn.Module) -> dict[int, str]:
@@ -336,6 +363,8 @@ def module_path(node: fx.Node) -> list[str]:
     for value in stack.values():
         path = value[0] if isinstance(value, tuple) else str(value)
         path = path.split("@")[0]  # a module called again: 'blocks.0@1'
+        if path.startswith("_empty_nn_module_stack"):  # torch's placeholder for none
+            continue
         if path and path not in out:
             out.append(path)
     return out

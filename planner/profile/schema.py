@@ -25,6 +25,7 @@ from planner.profile.pass_timing import pass_ratio
 from planner.profile.tied import TiedParameter
 
 __all__ = [
+    "FLOP_FIELDS",
     "SCHEMA",
     "Layer",
     "LayerTiming",
@@ -39,6 +40,8 @@ SCHEMA = "pipeplan.profile/v1"
 
 _TIMING_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms")
 _BYTE_FIELDS = ("output_bytes", "saved_bytes")
+# Analytic profiles only (planner/profile/analytic.py): the FLOPs beside the times.
+FLOP_FIELDS = ("forward_flops", "backward_input_flops", "backward_weight_flops")
 
 
 @dataclass
@@ -75,6 +78,11 @@ class LayerTiming:
     workspace_bytes: int = 0
     # Spread of each timing over the repeats, e.g. {"forward_ms": [p25, p75]}.
     spread: dict[str, list[float]] = field(default_factory=dict)
+    # Analytic profiles: FLOPs of the forward and of the backward's two halves (None: not
+    # counted, as in a measured profile).
+    forward_flops: int | None = None
+    backward_input_flops: int | None = None
+    backward_weight_flops: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -89,6 +97,10 @@ class LayerTiming:
             out["workspace_bytes"] = self.workspace_bytes
         if self.spread:
             out["spread"] = self.spread
+        for name in FLOP_FIELDS:
+            value = getattr(self, name)
+            if value is not None:  # optional: absent in measured profiles
+                out[name] = value
         return out
 
 
@@ -394,6 +406,7 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
                 saved_bytes=sizes["saved_bytes"],
                 workspace_bytes=v.count(t, "workspace_bytes", at, default=0),
                 spread={str(k): [float(x) for x in val] for k, val in spread.items()},
+                **{name: _optional_count(v, t, name, at) for name in FLOP_FIELDS},
             )
         )
     return Measurement(
@@ -403,6 +416,12 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
         pass_forward_ms=_optional_ms(v, item, "pass_forward_ms", where),
         pass_backward_ms=_optional_ms(v, item, "pass_backward_ms", where),
     )
+
+
+def _optional_count(v: _Validator, item: Any, key: str, where: str) -> int | None:
+    if key not in item:
+        return None
+    return v.count(item, key, where)
 
 
 def _optional_ms(v: _Validator, item: Any, key: str, where: str) -> float | None:

@@ -386,6 +386,7 @@ def capture_model(
     *,
     capture: str = "auto",
     source: str | os.PathLike[str] | None = None,
+    dynamic_batch: bool = False,
 ) -> SplitModel:
     """Capture ``model``'s forward on the sample ``inputs`` and cut it into layers.
 
@@ -393,6 +394,9 @@ def capture_model(
     size), ``export`` (torch.export, non-strict; positional or keyword inputs; the layers
     are specialised to the sample's shapes), or ``auto``: fx for positional inputs when it
     traces and its layers reproduce the model's output on ``inputs``, else export.
+    ``dynamic_batch`` exports the first dimension of the inputs as a symbolic size, so the
+    exported layers take any batch size too (``batch_size`` None); the analytic profiler
+    uses it to capture once for all its microbatch sizes.
 
     Example::
 
@@ -421,7 +425,7 @@ def capture_model(
         except InputError:
             if capture == "fx":
                 raise
-    split = _export_split(model, inputs, split_at, source)
+    split = _export_split(model, inputs, split_at, source, dynamic_batch)
     if split.capture == "export-eval" and not _reproduces(model, split, inputs):
         raise InputError(
             "torch.export stopped on a random branch in training mode, and the graph "
@@ -437,10 +441,11 @@ def _export_split(
     inputs: tuple[Any, ...] | Mapping[str, Any],
     split_at: str | None,
     source: str | os.PathLike[str] | None,
+    dynamic_batch: bool = False,
 ) -> SplitModel:
     with _naming(source):
         points = discover_split_points(model, split_at)
-        captured = export_graph(model, inputs)
+        captured = export_graph(model, inputs, dynamic_batch=dynamic_batch)
         plan = _plan(captured.graph, _export_run_key(points), _export_leaf(points), bool(points))
     last = len(plan.names) - 1
     layers: list[nn.Module] = [
@@ -461,7 +466,7 @@ def _export_split(
         cut_names,
         capture=capture,
         input_names=captured.input_names if isinstance(inputs, Mapping) else (),
-        batch_size=batch or None,
+        batch_size=None if dynamic_batch else batch or None,
     )
 
 
@@ -500,12 +505,22 @@ def _reproduces(model: nn.Module, split: SplitModel, inputs: Any) -> bool:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
+        if a.shape != b.shape:
+            return False
+        if _without_values(a) or _without_values(b):  # meta or fake: the analytic profile
+            return a.dtype == b.dtype
+        return bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and (a is b or a == b)
+
+
+def _without_values(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.is_meta or is_fake(t)
 
 
 def retarget_device(module: nn.Module, device: Any) -> None:
@@ -652,12 +667,20 @@ def _plan(
         members[-1].append(node)
     # Drop empty layers (no code before the first split point, say) and renumber.
     members = [m for m in members if m]
+    if len(members) > 1 and all(_is_size(n) for n in members[0]):
+        # A graph exported with a symbolic batch size reads the inputs' sizes first: that
+        # is no layer of its own, but the start of the first one.
+        members = [members[0] + members[1], *members[2:]]
     if not members:
         raise InputError("forward() computes nothing to profile", field="build_model")
     layer_of = {node: k for k, group in enumerate(members) for node in group}
     names = _unique([_layer_name(group, k, leaf_of) for k, group in enumerate(members)])
     cuts = _cuts(list(graph.nodes), layer_of, len(members))
     return _Plan(layer_of=layer_of, cuts=cuts, names=names)
+
+
+def _is_size(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.SymInt | torch.SymFloat | torch.SymBool)
 
 
 def _layer_name(group: list[fx.Node], k: int, leaf_of: Callable[[fx.Node], str | None]) -> str:

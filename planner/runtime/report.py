@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.plan_inputs import resimulate
+from planner.profile.analytic import analytic_info
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
 from planner.simulate import SimEvent, SimResult
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "explain_gap",
+    "note_prediction_source",
     "RunReport",
     "build_report",
     "measured_trace",
@@ -78,6 +80,10 @@ class RunReport:
     precision: str = "fp32"  # fp32, or the autocast dtype the forwards ran under
     # fp16: the steps (warm-up included, from 0) every stage skipped after an overflow.
     skipped_steps: list[int] = field(default_factory=list)
+    # Where the prediction's per-layer costs come from: "measured", or "analytic (GPU)" for
+    # an analytic profile (a roofline of the GPU's datasheet, not a measurement); None when
+    # the plan's profile was not at hand.
+    prediction_source: str | None = None
 
     @property
     def global_batch(self) -> int:
@@ -125,6 +131,7 @@ class RunReport:
                 else round(self.compute_ratio, 4),
             },
             "predicted": {
+                "from": self.prediction_source,
                 "iteration_ms": self.predicted_iteration_ms,
                 "samples_per_s": self.predicted_samples_per_s,
                 "memory_bytes": self.predicted_memory_bytes,
@@ -146,6 +153,7 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
         explain_gap(report, load_profile(report.profile_path), plan)
         report.compute_ratio   # e.g. 1.21: the slowest stage computed 21% slower than profiled
     """
+    note_prediction_source(report, profile)
     ratios = stage_ratios(profile, plan, report.stage_ms)
     if not ratios:
         return
@@ -173,6 +181,34 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
         *report.notes,
         f"measured / predicted {ratio:.2f} with stage compute at {report.compute_ratio:.2f}x "
         f"its profiled time: {why}",
+    ]
+
+
+def note_prediction_source(report: RunReport, profile: Any) -> None:
+    """Say where the prediction's costs come from; for an analytic profile add a note: the
+    run is checked against a roofline of a GPU's datasheet, not against measurements.
+
+    Example::
+
+        note_prediction_source(report, load_profile("profiles/gpt-h100.json"))
+        report.prediction_source     # 'analytic (h100-sxm)'
+    """
+    info = analytic_info(profile)
+    if info is None:
+        report.prediction_source = "measured"
+        return
+    gpu = info.get("gpu", {}).get("name", "?")
+    if profile.meta.get("calibrated"):  # --calibrate scaled its times to a run's
+        report.prediction_source = f"analytic ({gpu}), calibrated by a run"
+        return
+    report.prediction_source = f"analytic ({gpu})"
+    efficiency = ", ".join(f"{k} {v:g}" for k, v in dict(info.get("efficiency", {})).items())
+    report.notes = [
+        *report.notes,
+        f"the prediction is analytic: its per-layer times are a roofline of {gpu}'s peaks "
+        f"(efficiencies {efficiency}), not measurements; measured / predicted checks that "
+        "model of the hardware (and, on other hardware than it names, says little); "
+        "--calibrate folds the measured stage times into a profile",
     ]
 
 
@@ -341,6 +377,8 @@ def print_run_report(report: RunReport, console: Console) -> None:
     table.add_row("iteration (ms)", "-" if p is None else f"{p:.2f}", f"{report.iteration_ms:.2f}")
     table.add_row("samples/s", "-" if ps is None else f"{ps:.1f}", f"{report.samples_per_s:.1f}")
     ratio = report.ratio
+    if report.prediction_source is not None:
+        table.add_row("predicted from", report.prediction_source, "")
     table.add_row("measured / predicted", "", "-" if ratio is None else f"{ratio:.3f}")
     if report.compute_ratio is not None:
         table.add_row("stage compute / profiled", "", f"{report.compute_ratio:.3f}")
