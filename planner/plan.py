@@ -234,7 +234,7 @@ def plan_from_simulation(
         topology=topology,
         microbatch_size=result.microbatch_size,
         num_microbatches=result.num_microbatches,
-        stages=[StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages],
+        stages=list(stages),
         schedule=result.schedule,
         predicted=Prediction.from_result(result, global_lower_bound_ms=global_lower_bound_ms),
         solver=solver or SolverInfo.manual(),

@@ -16,6 +16,7 @@ from planner.partition.peers import (
     peer_configurations,
     tune_peers,
 )
+from planner.stages import StageSpec
 from planner.topology import load_topology, uniform_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,10 +54,10 @@ def test_layouts_follow_the_peer() -> None:
     names = topo.device_names()
     ds = next(c for c in _configs(_peer("DeepSpeed"), profile, topo, [(1, 8)]) if c.depth == 2)
     # DeepSpeed's PipeDataParallelTopology: the data axis innermost.
-    assert [d for _, d in ds.stages] == [tuple(names[:2]), tuple(names[2:])]
+    assert [s.devices for s in ds.stages] == [tuple(names[:2]), tuple(names[2:])]
     tg = next(c for c in _configs(_peer("torchgpipe"), profile, topo, [(1, 8)]) if c.depth == 2)
     # One torchgpipe process per replica on consecutive devices.
-    assert [d for _, d in tg.stages] == [(names[0], names[2]), (names[1], names[3])]
+    assert [s.devices for s in tg.stages] == [(names[0], names[2]), (names[1], names[3])]
 
 
 def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
@@ -70,8 +71,8 @@ def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
     inter = [c for c in configs if c.schedule == "interleaved"]
     assert {c.virtual_stages for c in inter} == {3}  # 2 x 3 = 6 layers; 2 x 2 does not divide
     c = inter[0]
-    assert [r for r, _ in c.stages] == [(i, i) for i in range(6)]
-    assert [d for _, d in c.stages] == [c.stages[k % 2][1] for k in range(6)]
+    assert [s.layers for s in c.stages] == [(i, i) for i in range(6)]
+    assert [s.devices for s in c.stages] == [c.stages[k % 2].devices for k in range(6)]
 
 
 def test_pipedream_uses_its_own_stages_and_replicas() -> None:
@@ -80,8 +81,8 @@ def test_pipedream_uses_its_own_stages_and_replicas() -> None:
     configs = _configs(_peer("PipeDream"), profile, topo, [(1, 8)])
     assert len(configs) == 1
     c = configs[0]
-    assert sum(len(d) for _, d in c.stages) == 4
-    assert [d for _, d in c.stages][0][0] == "gpu0"  # consecutive devices from the first
+    assert sum(len(s.devices) for s in c.stages) == 4
+    assert c.stages[0].devices[0] == "gpu0"  # consecutive devices from the first
 
 
 def _brute_best(profile, topo, settings) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -136,7 +137,10 @@ def test_recompute_only_where_memory_needs_it() -> None:
 
 
 def test_describe_names_the_configuration() -> None:
-    config = PeerConfig("DeepSpeed", "parameters", 4, 2, 8, 16, "1f1b", (((0, 1), ("a",)),))
+    config = PeerConfig(
+        "DeepSpeed", "parameters", 4, 2, 8, 16, "1f1b", (StageSpec(0, (0, 1), ("a",)),)
+    )
     assert config.describe() == "parameters, 4x2, mb 8 x 16, 1f1b"
-    inter = PeerConfig("Megatron-LM", "equal layers", 2, 1, 4, 8, "interleaved", (), 3, True)
+    stage = StageSpec(0, (0, 1), ("a",), recompute=True)
+    inter = PeerConfig("Megatron-LM", "equal layers", 2, 1, 4, 8, "interleaved", (stage,), 3)
     assert inter.describe() == "equal layers, 2x1, mb 4 x 8, interleaved v=3, recompute"

@@ -169,7 +169,8 @@ def test_slower_links_or_devices_never_shorten_the_iteration(  # type: ignore[no
     topo = uniform_topology(n + 1, bandwidth=20e9, latency_ms=0.005)
     stages = [StageSpec(i, (bounds[i], bounds[i + 1] - 1), [f"gpu{i}"]) for i in range(n)]
     if replicate and m >= 2:
-        stages[-1].devices.append(f"gpu{n}")
+        last = stages[-1]
+        stages[-1] = StageSpec(last.id, last.layers, (*last.devices, f"gpu{n}"))
     base = simulate(prof, topo, stages, schedule, m)
     slower = topo.scaled(bandwidth=bw_factor, speed=speed_factor)
     worse = simulate(prof, slower, stages, schedule, m)

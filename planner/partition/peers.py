@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -80,6 +81,7 @@ __all__ = [
     "PeerRun",
     "default_outcomes",
     "peer_configurations",
+    "place_consecutively",
     "pipedream_levels",
     "tune_peers",
 ]
@@ -130,7 +132,7 @@ PEERS: tuple[Peer, ...] = (
 @dataclass(frozen=True)
 class PeerConfig:
     """One configuration a peer's user could run: depth x data parallel, microbatch,
-    schedule, recompute, and the stages it gives.
+    schedule, and the stages it gives (recompute in the stages: all or none).
 
     Example::
 
@@ -144,22 +146,26 @@ class PeerConfig:
     microbatch_size: int
     num_microbatches: int
     schedule: str
-    stages: tuple[tuple[tuple[int, int], tuple[str, ...]], ...]
+    stages: tuple[StageSpec, ...]
     virtual_stages: int = 1
-    recompute: bool = False
 
     @property
     def samples(self) -> int:
         return self.microbatch_size * self.num_microbatches
 
+    @property
+    def recompute(self) -> bool:
+        """Whether activations are recomputed (users switch it on for every stage)."""
+        return any(s.recompute for s in self.stages)
+
     def specs(self) -> list[StageSpec]:
         """The stages as the simulator reads them."""
-        return [StageSpec(i, r, list(d), self.recompute) for i, (r, d) in enumerate(self.stages)]
+        return list(self.stages)
 
     def describe(self) -> str:
         """``partition, depth x dp, mb size x count, schedule[, recompute]``."""
         if self.partition == "pipedream":
-            shape = "+".join(str(len(d)) for _, d in self.stages) + " replicas"
+            shape = "+".join(str(len(s.devices)) for s in self.stages) + " replicas"
         else:
             shape = f"{self.depth}x{self.data_parallel}"
         sched = self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
@@ -339,18 +345,8 @@ class PeerJudge:
 
 
 def _with_recompute(config: PeerConfig) -> PeerConfig:
-    return PeerConfig(
-        config.peer,
-        config.partition,
-        config.depth,
-        config.data_parallel,
-        config.microbatch_size,
-        config.num_microbatches,
-        config.schedule,
-        config.stages,
-        config.virtual_stages,
-        recompute=True,
-    )
+    stages = tuple(s.with_recompute(True) for s in config.stages)
+    return dataclasses.replace(config, stages=stages)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -413,6 +409,26 @@ def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
     return [(len(names), bw if math.isfinite(bw) else 1e12)]
 
 
+def place_consecutively(
+    stages: Sequence[tuple[int, int, int]], names: Sequence[str]
+) -> tuple[StageSpec, ...] | None:
+    """PipeDream's ``(first, last, replicas)`` stages on consecutive devices from the first
+    (as its runtime ranks them); None where there are too few devices (or no stages).
+
+    Example::
+
+        place_consecutively([(0, 9, 3), (10, 11, 1)], ["gpu0", "gpu1", "gpu2", "gpu3"])
+        # (StageSpec(0, (0, 9), ('gpu0', 'gpu1', 'gpu2')), StageSpec(1, (10, 11), ('gpu3',)))
+    """
+    placed, pos = [], 0
+    for i, (a, b, r) in enumerate(stages):
+        placed.append(StageSpec(i, (a, b), tuple(names[pos : pos + r])))
+        pos += r
+    if not placed or pos > len(names):
+        return None
+    return tuple(placed)
+
+
 def default_outcomes(
     profile: Profile,
     topology: Topology,
@@ -460,15 +476,11 @@ def _pipedream_configs(
         if isinstance(stages, str):
             yield stages
             continue
-        groups, pos = [], 0
-        for _, _, r in stages:
-            groups.append(tuple(names[pos : pos + r]))
-            pos += r
-        if not stages or pos > len(names) or max(len(g) for g in groups) > m:
+        placed = place_consecutively(stages, names)
+        if placed is None or max(len(s.devices) for s in placed) > m:
             yield f"PipeDream's {len(stages)} stages need more microbatches than {m}"
             continue
-        placed = tuple(((a, b), g) for (a, b, _), g in zip(stages, groups, strict=True))
-        dp = max(len(g) for g in groups)
+        dp = max(len(s.devices) for s in placed)
         for sched in peer.schedules:
             yield PeerConfig(peer.name, "pipedream", len(stages), dp, mb, m, sched, placed)
 
@@ -512,7 +524,9 @@ def peer_configurations(
                         if isinstance(ranges, str):
                             yield f"{method} on {depth * v} stages: {ranges}"
                             continue
-                        placed = tuple((r, groups[k % depth]) for k, r in enumerate(ranges))
+                        placed = tuple(
+                            StageSpec(k, r, groups[k % depth]) for k, r in enumerate(ranges)
+                        )
                         yield PeerConfig(
                             peer.name, method, depth, dp, mb, m, sched, placed, virtual_stages=v
                         )

@@ -23,7 +23,7 @@ from planner.schedule.onef1b import onef1b_order
 from planner.schedule.replicas import per_replica_order, replica_round
 from planner.schedule.validate import validate_order, validate_schedule
 from planner.schedule.zerobubble import zb_order
-from planner.stages import StageSpec
+from planner.stages import StageSpec, refuse_tensor_parallel
 
 __all__ = [
     "COMPUTE",
@@ -177,6 +177,7 @@ def checked_virtual_stages(
             f"expected a positive number of microbatches, got {m!r}", field="num_microbatches"
         )
     for stage in stages:
+        refuse_tensor_parallel(stage)
         if len(stage.devices) > m:
             raise InputError(
                 f"stage {stage.id} has {len(stage.devices)} replicas but there are only {m} "
@@ -215,7 +216,7 @@ def _validated_order(
     else:
         flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
         order = _repeat(per_replica_order(flushed[name](p, m // rounds), rounds), m, iterations)
-    shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
+    shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)
     return order
 

@@ -140,5 +140,5 @@ def by_bound(
 
 def _note_time(best: dict[tuple[Any, ...], float], x: Scored) -> None:
     """Keep the best time per sample of ``x``'s partition and device groups."""
-    shape = tuple((r, d) for r, d, _ in x.cand.stages)
+    shape = tuple((s.layers, s.devices) for s in x.cand.stages)
     best[shape] = min(best.get(shape, math.inf), x.per_sample_ms)

@@ -88,12 +88,12 @@ def run_ilp(
     sched = c.schedule if c.schedule in primary else primary[0]
     m = c.num_microbatches
     warm: DpCand | None = None
-    if len(c.stages) == s and all(len(d) == 1 for _, d, _ in c.stages):
+    if len(c.stages) == s and all(len(st.devices) == 1 for st in c.stages):
         warm = DpCand(
             0.0,
-            tuple(r for r, _, _ in c.stages),
-            tuple(d for _, d, _ in c.stages),
-            tuple(rc for _, _, rc in c.stages),
+            tuple(st.layers for st in c.stages),
+            tuple(st.devices for st in c.stages),
+            tuple(st.recompute for st in c.stages),
         )
     else:
         in_order = dp_candidates(search, costs, [names], sched, m)

@@ -119,8 +119,8 @@ def neighbours(cand: Candidate, names: Sequence[str], n: int) -> Iterator[tuple[
 
         next(neighbours(cand, topology.device_names(), profile.num_layers))
     """
-    ranges = [r for r, _, _ in cand.stages]
-    groups = [d for _, d, _ in cand.stages]
+    ranges = [s.layers for s in cand.stages]
+    groups = [s.devices for s in cand.stages]
     for k in range(len(ranges) - 1):
         for new in _moved_cut(ranges, k):
             yield new, list(groups)
@@ -147,7 +147,7 @@ def distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
     for x in sorted(scored, key=Scored.key):
         if not x.fits:
             break
-        shape = tuple((r, d) for r, d, _ in x.cand.stages)
+        shape = tuple((s.layers, s.devices) for s in x.cand.stages)
         if shape in seen:
             continue
         seen.add(shape)
@@ -214,6 +214,6 @@ def local_budget(evals: int, best: Scored) -> int:
         local_budget(400, best)  # 400 on small plans, fewer on big ones, at least 24
     """
     c = best.cand
-    size = sum(len(d) for _, d, _ in c.stages) * c.num_microbatches
+    size = sum(len(s.devices) for s in c.stages) * c.num_microbatches
     floor = LOCAL_FLOOR if len(c.stages) > 1 else 4  # one stage: no cut to move
     return max(min(evals, floor), min(evals, int(evals * 128 / max(size, 1))))

@@ -133,8 +133,8 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
         if family(sched).interleaved:
             extra = interleaved(search, c)
         else:
-            ranges = [r for r, _, _ in c.stages]
-            groups = [d for _, d, _ in c.stages]
+            ranges = [s.layers for s in c.stages]
+            groups = [s.devices for s in c.stages]
             extra = [
                 make_candidate(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)
             ]

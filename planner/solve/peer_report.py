@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.partition.peers import PeerBest, PeerConfig, PeerJudge, default_outcomes, tune_peers
+from planner.partition.peers import (
+    PeerBest,
+    PeerConfig,
+    PeerJudge,
+    default_outcomes,
+    place_consecutively,
+    tune_peers,
+)
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
 from planner.schedule.families import family
@@ -86,13 +93,11 @@ def _baseline_candidates(
         if reason is not None:
             out.append((label, reason))
             continue
-        groups = []
-        pos = 0
-        for r in replicas:
-            groups.append(tuple(names[pos : pos + r]))
-            pos += r
-        if pos > len(names):
+        triples = [(a, b, r) for (a, b), r in zip(ranges, replicas, strict=True)]
+        placed = place_consecutively(triples, names)
+        if placed is None:
             continue
+        groups = [s.devices for s in placed]
         out.append((label, make_candidate(search, ranges, groups, schedule, mb, m)))
     return out
 
@@ -119,9 +124,8 @@ def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: s
 
     def simulate_peer(config: PeerConfig) -> tuple[float, bool]:
         # Through the search's own cache: a shape both simulate is simulated once.
-        stages = tuple((r, devs, config.recompute) for r, devs in config.stages)
         cand = Candidate(
-            stages,
+            config.stages,
             config.schedule,
             config.microbatch_size,
             config.num_microbatches,
@@ -162,9 +166,8 @@ def seeded_by_peers(
         if best.best is None or not best.feasible:
             continue
         c = best.best.config
-        stages = tuple((r, devs, c.recompute) for r, devs in c.stages)
         m, v = c.num_microbatches, c.virtual_stages
-        cand = Candidate(stages, c.schedule, c.microbatch_size, m, v)
+        cand = Candidate(c.stages, c.schedule, c.microbatch_size, m, v)
         seeds.append(search.evaluate(cand, f"peer {best.peer}"))
     seeds = [x for x in seeds if x.cand.schedule in schedules and x.fits]
     mine = [x for x in own if x.fits]

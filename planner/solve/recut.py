@@ -33,7 +33,7 @@ def interleaved(search: Search, c: Candidate) -> list[Candidate]:
 
         {x.virtual_stages for x in interleaved(search, cand)}  # {2, 3, 4} on enough layers
     """
-    sizes = {len(d) for _, d, _ in c.stages}
+    sizes = {len(s.devices) for s in c.stages}
     if len(sizes) != 1 or c.virtual_stages > 1:
         return []
     (r,) = sizes
@@ -42,7 +42,7 @@ def interleaved(search: Search, c: Candidate) -> list[Candidate]:
     m = c.num_microbatches
     if p < 2 or m % p or (m // r) % p:
         return []
-    groups = [d for _, d, _ in c.stages]
+    groups = [s.devices for s in c.stages]
     out = []
     for v in VIRTUAL_CHUNKS:
         if n < v * p:

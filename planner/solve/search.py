@@ -65,7 +65,7 @@ class Search:
         hit = self.bounded.get(cand)
         if hit is not None:
             return hit
-        specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
+        specs = [s.with_recompute(False) for s in cand.stages]
         if overflows_memory(self.profile, self.topology, specs, cand.schedule):
             return math.inf  # fits with no recompute: never beats a plan that fits
         m, mb = cand.num_microbatches, cand.microbatch_size
@@ -93,14 +93,14 @@ class Search:
         scored = self.simulate_as_given(cand, origin)
         if not scored.fits and scored.result is not None:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
-            flags = [rc or any(d in over for d in devs) for _, devs, rc in cand.stages]
+            flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
             retry = self.simulate_as_given(with_recompute(cand, flags), origin)
             if retry.key() < scored.key():
                 scored = retry
         if scored.fits:
-            for k, (_, _, rc) in enumerate(scored.cand.stages):
-                if rc:
-                    flags = [f for _, _, f in scored.cand.stages]
+            for k, stage in enumerate(scored.cand.stages):
+                if stage.recompute:
+                    flags = [s.recompute for s in scored.cand.stages]
                     flags[k] = False
                     retry = self.simulate_as_given(with_recompute(scored.cand, flags), origin)
                     if retry.key() < scored.key():
@@ -152,7 +152,7 @@ def make_candidate(
         )
     # Replicas keep the order they were chosen in: the all-reduce ring follows it.
     stages = tuple(
-        ((int(a), int(b)), tuple(d), bool(rc))
-        for (a, b), d, rc in zip(ranges, devices, recompute, strict=True)
+        StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
+        for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
     return Candidate(stages, schedule, mb, m, virtual)

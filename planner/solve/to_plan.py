@@ -66,7 +66,7 @@ def _solver_info(
             microbatch_size=u.microbatch_size,
             num_microbatches=u.num_microbatches,
             schedule=u.schedule,
-            stages=[(r, d) for r, d, _ in u.stages],
+            stages=[(s.layers, s.devices) for s in u.stages],
             origin=unseeded.origin,
         )
     return solver
