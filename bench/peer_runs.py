@@ -71,15 +71,16 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     best = min(tuned, key=lambda b: b.per_sample_ms)
     assert best.best is not None
     config = best.best.config
-    stages = config.specs()
+    shape = config.shape
+    stages = list(shape.stages)
     result = simulate(
         profile,
         topo,
         stages,
-        config.schedule,
-        config.num_microbatches,
-        config.microbatch_size,
-        virtual_stages=config.virtual_stages,
+        shape.schedule,
+        shape.num_microbatches,
+        shape.microbatch_size,
+        virtual_stages=shape.virtual_stages,
     )
     peer_plan = plan_from_simulation(
         result, stages, profile=FileRef.of_file(profile_path), topology=FileRef.of_file(topo_path)

@@ -42,6 +42,7 @@ from planner.plan_parts import (
 from planner.schedule.actions import Schedule
 from planner.schedule.families import is_interleaved
 from planner.schedule.validate import validate_schedule
+from planner.shape import PlanShape
 from planner.stages import (
     StageSpec,
     as_stages,
@@ -55,6 +56,7 @@ __all__ = [
     "Baseline",
     "FileRef",
     "Plan",
+    "PlanShape",
     "Prediction",
     "SimulatedPlan",
     "SolverInfo",
@@ -132,6 +134,23 @@ class Plan:
             for i, b in enumerate(baselines)
         ]
         self.extra = dict(extra or {})
+
+    @property
+    def shape(self) -> PlanShape:
+        """The plan's stages, schedule name and microbatching as one hashable value (what
+        the search and the peers exchange).
+
+        Example::
+
+            Plan.load("plan.json").shape.samples
+        """
+        return PlanShape(
+            tuple(self.stages),
+            self.schedule.name,
+            self.microbatch_size,
+            self.num_microbatches,
+            self.schedule.virtual_stages,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON object.

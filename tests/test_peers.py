@@ -16,6 +16,7 @@ from planner.partition.peers import (
     peer_configurations,
     tune_peers,
 )
+from planner.shape import PlanShape
 from planner.stages import StageSpec
 from planner.topology import load_topology, uniform_topology
 
@@ -36,14 +37,14 @@ def test_depths_divide_the_devices_and_data_parallelism_takes_the_rest() -> None
     profile = random_profile(12, 0, sizes=(1, 2))
     topo = uniform_topology(6)
     configs = _configs(_peer("DeepSpeed"), profile, topo, [(1, 12), (2, 6)])
-    shapes = {(c.depth, c.data_parallel, c.microbatch_size) for c in configs}
+    shapes = {(c.depth, c.data_parallel, c.shape.microbatch_size) for c in configs}
     # Depths 1, 2, 3, 6; with 6 microbatches (size 2) dp 6 and dp 3 split them, dp 2 too.
     assert {(d, 6 // d) for d, _, _ in shapes} == {(1, 6), (2, 3), (3, 2), (6, 1)}
     assert all(c.depth * c.data_parallel == 6 for c in configs)
     assert {c.partition for c in configs} == {"uniform", "parameters"}
-    assert {c.schedule for c in configs} == {"1f1b"}
+    assert {c.shape.schedule for c in configs} == {"1f1b"}
     # Every microbatch count divides among the pipelines (DeepSpeed's gradient accumulation).
-    assert all(c.num_microbatches % c.data_parallel == 0 for c in configs)
+    assert all(c.shape.num_microbatches % c.data_parallel == 0 for c in configs)
     dropped = _configs(_peer("DeepSpeed"), profile, topo, [(2, 3)])
     assert {c.data_parallel for c in dropped} == {3, 1}  # 3 microbatches: no dp 6 or dp 2
 
@@ -54,10 +55,10 @@ def test_layouts_follow_the_peer() -> None:
     names = topo.device_names()
     ds = next(c for c in _configs(_peer("DeepSpeed"), profile, topo, [(1, 8)]) if c.depth == 2)
     # DeepSpeed's PipeDataParallelTopology: the data axis innermost.
-    assert [s.devices for s in ds.stages] == [tuple(names[:2]), tuple(names[2:])]
+    assert [s.devices for s in ds.shape.stages] == [tuple(names[:2]), tuple(names[2:])]
     tg = next(c for c in _configs(_peer("torchgpipe"), profile, topo, [(1, 8)]) if c.depth == 2)
     # One torchgpipe process per replica on consecutive devices.
-    assert [s.devices for s in tg.stages] == [(names[0], names[2]), (names[1], names[3])]
+    assert [s.devices for s in tg.shape.stages] == [(names[0], names[2]), (names[1], names[3])]
 
 
 def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
@@ -68,11 +69,11 @@ def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
     configs = [c for c in out if isinstance(c, PeerConfig)]
     assert any("divide into 4 equal stages" in r for r in reasons)
     assert {c.depth for c in configs} == {1, 2}
-    inter = [c for c in configs if c.schedule == "interleaved"]
-    assert {c.virtual_stages for c in inter} == {3}  # 2 x 3 = 6 layers; 2 x 2 does not divide
+    inter = [c for c in configs if c.shape.schedule == "interleaved"]
+    assert {c.shape.virtual_stages for c in inter} == {3}  # 2 x 3 = 6 layers; 2 x 2 does not divide
     c = inter[0]
-    assert [s.layers for s in c.stages] == [(i, i) for i in range(6)]
-    assert [s.devices for s in c.stages] == [c.stages[k % 2].devices for k in range(6)]
+    assert [s.layers for s in c.shape.stages] == [(i, i) for i in range(6)]
+    assert [s.devices for s in c.shape.stages] == [c.shape.stages[k % 2].devices for k in range(6)]
 
 
 def test_pipedream_uses_its_own_stages_and_replicas() -> None:
@@ -81,8 +82,8 @@ def test_pipedream_uses_its_own_stages_and_replicas() -> None:
     configs = _configs(_peer("PipeDream"), profile, topo, [(1, 8)])
     assert len(configs) == 1
     c = configs[0]
-    assert sum(len(s.devices) for s in c.stages) == 4
-    assert c.stages[0].devices[0] == "gpu0"  # consecutive devices from the first
+    assert sum(len(s.devices) for s in c.shape.stages) == 4
+    assert c.shape.stages[0].devices[0] == "gpu0"  # consecutive devices from the first
 
 
 def _brute_best(profile, topo, settings) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -137,10 +138,11 @@ def test_recompute_only_where_memory_needs_it() -> None:
 
 
 def test_describe_names_the_configuration() -> None:
-    config = PeerConfig(
-        "DeepSpeed", "parameters", 4, 2, 8, 16, "1f1b", (StageSpec(0, (0, 1), ("a",)),)
-    )
+    shape = PlanShape((StageSpec(0, (0, 1), ("a",)),), "1f1b", 8, 16)
+    config = PeerConfig("DeepSpeed", "parameters", 4, 2, shape)
     assert config.describe() == "parameters, 4x2, mb 8 x 16, 1f1b"
     stage = StageSpec(0, (0, 1), ("a",), recompute=True)
-    inter = PeerConfig("Megatron-LM", "equal layers", 2, 1, 4, 8, "interleaved", (stage,), 3)
+    inter = PeerConfig(
+        "Megatron-LM", "equal layers", 2, 1, PlanShape((stage,), "interleaved", 4, 8, 3)
+    )
     assert inter.describe() == "equal layers, 2x1, mb 4 x 8, interleaved v=3, recompute"

@@ -12,9 +12,10 @@ import pytest
 from planner.cli import main
 from planner.cost import synthetic_profile
 from planner.errors import InputError
-from planner.plan import Plan
+from planner.plan import FileRef, Plan, plan_from_simulation
 from planner.schedule import build_schedule
-from planner.simulate import simulate
+from planner.shape import PlanShape
+from planner.simulate import simulate, simulate_shape
 from planner.stages import (
     StageSpec,
     as_stages,
@@ -114,3 +115,19 @@ def test_tensor_parallelism_is_refused_with_one_line_everywhere(
 def test_schedules_are_not_built_for_tensor_parallel_stages() -> None:
     with pytest.raises(InputError, match="tensor parallelism is not supported yet"):
         build_schedule("1f1b", parse_stages(TP_TEXT), 4)
+
+
+def test_a_plan_shape_is_hashable_and_a_plan_exposes_its_own(tmp_path: Path) -> None:
+    stages = parse_stages("0-1:gpu0,gpu1;2-3:gpu2")
+    shape = PlanShape(stages, "1f1b", 2, 4)  # type: ignore[arg-type]
+    assert shape.stages == tuple(stages) and shape.samples == 8 and shape.devices_used == 3
+    assert {shape: 1}[PlanShape(tuple(parse_stages("0-1:gpu0,gpu1;2-3:gpu2")), "1f1b", 2, 4)]
+    marked = shape.with_recompute([False, True])
+    assert [s.recompute for s in marked.stages] == [False, True] and marked != shape
+    profile = synthetic_profile(4, microbatch_size=2)
+    result = simulate_shape(profile, None, shape)
+    assert result.iteration_ms == simulate(profile, None, stages, "1f1b", 4, 2).iteration_ms
+    plan = plan_from_simulation(
+        result, stages, profile=FileRef.in_memory({}), topology=FileRef(None)
+    )
+    assert plan.shape == shape

@@ -67,6 +67,7 @@ from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule.families import family
+from planner.shape import PlanShape
 from planner.simulate import simulate_shape
 
 if TYPE_CHECKING:
@@ -131,8 +132,9 @@ PEERS: tuple[Peer, ...] = (
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """One configuration a peer's user could run: depth x data parallel, microbatch,
-    schedule, and the stages it gives (recompute in the stages: all or none).
+    """One configuration a peer's user could run: the plan shape it gives (stages,
+    schedule, microbatching; recompute in the stages, all or none), named by the peer, its
+    partition method and its depth x data parallel.
 
     Example::
 
@@ -143,33 +145,22 @@ class PeerConfig:
     partition: str
     depth: int
     data_parallel: int
-    microbatch_size: int
-    num_microbatches: int
-    schedule: str
-    stages: tuple[StageSpec, ...]
-    virtual_stages: int = 1
-
-    @property
-    def samples(self) -> int:
-        return self.microbatch_size * self.num_microbatches
+    shape: PlanShape
 
     @property
     def recompute(self) -> bool:
         """Whether activations are recomputed (users switch it on for every stage)."""
-        return any(s.recompute for s in self.stages)
-
-    def specs(self) -> list[StageSpec]:
-        """The stages as the simulator reads them."""
-        return list(self.stages)
+        return any(s.recompute for s in self.shape.stages)
 
     def describe(self) -> str:
         """``partition, depth x dp, mb size x count, schedule[, recompute]``."""
+        s = self.shape
         if self.partition == "pipedream":
-            shape = "+".join(str(len(s.devices)) for s in self.stages) + " replicas"
+            layout = "+".join(str(len(st.devices)) for st in s.stages) + " replicas"
         else:
-            shape = f"{self.depth}x{self.data_parallel}"
-        sched = self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
-        text = f"{self.partition}, {shape}, mb {self.microbatch_size} x {self.num_microbatches}"
+            layout = f"{self.depth}x{self.data_parallel}"
+        sched = s.schedule + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
+        text = f"{self.partition}, {layout}, mb {s.microbatch_size} x {s.num_microbatches}"
         return text + f", {sched}" + (", recompute" if self.recompute else "")
 
 
@@ -183,7 +174,7 @@ class PeerRun:
 
     @property
     def per_sample_ms(self) -> float:
-        return self.iteration_ms / self.config.samples
+        return self.iteration_ms / self.config.shape.samples
 
 
 @dataclass(frozen=True)
@@ -243,7 +234,7 @@ class PeerJudge:
     # schedule and number of microbatches of a depth asks for the same one.
     partitions: dict[tuple[str, int, int], Ranges | str] = field(default_factory=dict)
     # Bounds per sample by what they depend on (stages, recompute, schedule, batch).
-    bounds: dict[tuple[object, ...], float] = field(default_factory=dict)
+    bounds: dict[PlanShape, float] = field(default_factory=dict)
 
     def partition(self, method: str, microbatch_size: int, chunks: int) -> Ranges | str:
         """``chunks`` contiguous ranges by the named method, or the reason it gives none
@@ -294,7 +285,7 @@ class PeerJudge:
             self.cache[config] = run
             return run
         try:
-            res = simulate_shape(self.profile, self.topology, config)
+            res = simulate_shape(self.profile, self.topology, config.shape)
         except InputError:
             run = PeerRun(config, math.inf, False)
         else:
@@ -309,31 +300,26 @@ class PeerJudge:
         """A lower bound of ``config``'s simulated time, per sample
         (:func:`planner.partition.bounds.search_bound_ms`); peers whose configurations
         coincide (DeepSpeed's uniform split, Megatron's and torch's equal ones) share it."""
-        key = (
-            config.stages,
-            config.recompute,
-            config.schedule,
-            config.num_microbatches,
-            config.microbatch_size,
-        )
-        hit = self.bounds.get(key)
+        s = config.shape
+        hit = self.bounds.get(s)
         if hit is None:
             bound = search_bound_ms(
                 self.profile,
                 self.topology,
-                config.specs(),
-                config.schedule,
-                config.num_microbatches,
-                config.microbatch_size,
+                list(s.stages),
+                s.schedule,
+                s.num_microbatches,
+                s.microbatch_size,
             )
-            hit = self.bounds[key] = bound / config.samples
+            hit = self.bounds[s] = bound / s.samples
         return hit
 
     def overflows(self, config: PeerConfig) -> bool:
         """Whether ``config`` cannot fit with or without recompute: a device's weights,
         gradients and optimizer state alone exceed its memory
         (:func:`planner.partition.bounds.overflows_memory`); nothing to simulate."""
-        return overflows_memory(self.profile, self.topology, config.specs(), config.schedule)
+        s = config.shape
+        return overflows_memory(self.profile, self.topology, list(s.stages), s.schedule)
 
     def settle(self, config: PeerConfig) -> PeerRun:
         """Without recompute, or with recompute on every stage where memory needs it."""
@@ -345,8 +331,8 @@ class PeerJudge:
 
 
 def _with_recompute(config: PeerConfig) -> PeerConfig:
-    stages = tuple(s.with_recompute(True) for s in config.stages)
-    return dataclasses.replace(config, stages=stages)
+    shape = config.shape.with_recompute([True] * len(config.shape.stages))
+    return dataclasses.replace(config, shape=shape)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -482,7 +468,8 @@ def _pipedream_configs(
             continue
         dp = max(len(s.devices) for s in placed)
         for sched in peer.schedules:
-            yield PeerConfig(peer.name, "pipedream", len(stages), dp, mb, m, sched, placed)
+            shape = PlanShape(placed, sched, mb, m)
+            yield PeerConfig(peer.name, "pipedream", len(stages), dp, shape)
 
 
 def peer_configurations(
@@ -527,9 +514,8 @@ def peer_configurations(
                         placed = tuple(
                             StageSpec(k, r, groups[k % depth]) for k, r in enumerate(ranges)
                         )
-                        yield PeerConfig(
-                            peer.name, method, depth, dp, mb, m, sched, placed, virtual_stages=v
-                        )
+                        shape = PlanShape(placed, sched, mb, m, v)
+                        yield PeerConfig(peer.name, method, depth, dp, shape)
 
 
 def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:

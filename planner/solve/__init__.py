@@ -19,12 +19,12 @@ The search, for every profiled microbatch size that fits the requested batch:
 Everything is deterministic: fixed iteration orders, evaluation budgets counted in
 simulations (never wall time), ties broken on the plan itself, CBC single-threaded.
 
-The modules, bottom to top: ``options`` (:class:`SolveOptions`, the fixed sizes),
-``candidate`` (``Candidate``, ``Scored``), ``memory`` (in-flight microbatches, recompute),
-``search`` (``Search``: the cache and evaluation), ``arguments``, ``exhaustive``,
-``dp_candidates``, ``recut`` (re-cuts over fixed groups, interleaved), ``grid``,
-``ilp_candidate``, ``local`` (local search), ``peer_report`` (the peers, their seeds and
-rows), ``own_search``, ``infeasible``, ``to_plan``, ``entry`` (:func:`solve`).
+The modules, bottom to top: ``options`` (:class:`SolveOptions`, the fixed sizes), ``scored``
+(``Scored``: a simulated :class:`~planner.shape.PlanShape`), ``memory`` (in-flight
+microbatches, recompute), ``search`` (``Search``: the cache and evaluation), ``arguments``,
+``exhaustive``, ``dp_candidates``, ``recut`` (re-cuts over fixed groups, interleaved),
+``grid``, ``ilp_candidate``, ``local`` (local search), ``peer_report`` (the peers, their
+seeds and rows), ``own_search``, ``infeasible``, ``to_plan``, ``entry`` (:func:`solve`).
 
 Example::
 

@@ -19,11 +19,11 @@ from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
 from planner.schedule.families import family
 from planner.solve.arguments import batch_settings, check_args
-from planner.solve.candidate import Scored
 from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
 from planner.solve.options import AUTO_SCHEDULES, SolveOptions
 from planner.solve.own_search import own_search
 from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
+from planner.solve.scored import Scored
 from planner.solve.search import Search
 from planner.solve.to_plan import to_plan
 from planner.topology import Topology, as_topology
@@ -81,7 +81,7 @@ def solve(
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
     search = Search(profile, topology, opts, time_limit)
     own = own_search(search, settings, schedules, clock)
-    final = [x for x in own if x.cand.schedule in schedules]
+    final = [x for x in own if x.shape.schedule in schedules]
     peers: PeerReport | None = None
     if opts.baselines:
         peers = peer_report(search, settings, schedule)
@@ -91,7 +91,7 @@ def solve(
             raise nothing_fits(profile, topology, settings)
         raise schedule_does_not_fit(schedule)
     best = min(final, key=Scored.key)
-    mine = [x for x in own if x.cand.schedule in schedules and x.fits]
+    mine = [x for x in own if x.shape.schedule in schedules and x.fits]
     return to_plan(
         search,
         best,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from planner.partition.dp import layer_costs
 from planner.partition.mapping import candidate_paths, identical_devices, uniform_network
 from planner.schedule.families import family
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
 from planner.solve.dp_candidates import dp_candidates
 from planner.solve.exhaustive import exhaustive, exhaustive_size
 from planner.solve.grid import by_bound, grid_interleaved, grid_shapes
@@ -24,7 +24,8 @@ from planner.solve.ilp_candidate import run_ilp
 from planner.solve.local import distinct_starts, local_budget, local_search
 from planner.solve.options import INTERLEAVED_SEEDS, LOCAL_STARTS
 from planner.solve.recut import interleaved
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["other_schedules", "own_search"]
 
@@ -47,15 +48,13 @@ def _candidate_search(
     search.methods.append("dp")
     paths = [names] if homogeneous else candidate_paths(topology)
     top = max(1, min(opts.top_candidates, opts.top_candidates * 2048 // scale))
-    grid: list[Candidate] = []
+    grid: list[PlanShape] = []
     for mb, m in settings:
         costs = layer_costs(profile, mb)
         for sched in primary:
             cands = dp_candidates(search, costs, paths, sched, m)
             for c in cands[:top]:
-                cand = make_candidate(
-                    search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute
-                )
+                cand = make_shape(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                 scored.append(search.evaluate(cand, "dp"))
             grid.extend(grid_shapes(search, cands, sched, mb, m))
     starts = LOCAL_STARTS if scale <= 2048 else 1
@@ -109,9 +108,9 @@ def own_search(
     if any(family(s).interleaved for s in schedules):
         # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
         count = INTERLEAVED_SEEDS if scale <= 2048 else 1
-        pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
+        pipelines = [x for x in scored if x.shape.virtual_stages == 1 and len(x.shape.stages) > 1]
         for seed in distinct_starts(pipelines, count):
-            for e in interleaved(search, seed.cand):
+            for e in interleaved(search, seed.shape):
                 if not search.cannot_beat(e, best):
                     scored.append(search.evaluate(e, "interleaved"))
                     best = min(best, scored[-1], key=Scored.key)
@@ -125,7 +124,7 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
 
         other_schedules(search, best, ["1f1b", "gpipe", "zb"])
     """
-    c = best.cand
+    c = best.shape
     out: list[Scored] = []
     for sched in schedules:
         if sched == c.schedule:
@@ -136,7 +135,7 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
             ranges = [s.layers for s in c.stages]
             groups = [s.devices for s in c.stages]
             extra = [
-                make_candidate(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)
+                make_shape(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)
             ]
         # One that cannot beat the winner by its bound could change nothing.
         out.extend(

@@ -30,10 +30,11 @@ from planner.partition.peers import (
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
 from planner.schedule.families import family
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
 from planner.solve.local import local_budget, local_search
 from planner.solve.options import INTERLEAVED_BASE
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -81,13 +82,13 @@ def baseline_outcomes(
 
 def _baseline_candidates(
     search: Search, schedule: str, mb: int, m: int, judge: PeerJudge
-) -> list[tuple[str, Candidate | str]]:
+) -> list[tuple[str, PlanShape | str]]:
     """The baselines' partitions placed in device order (one device per stage, or
     PipeDream's replicas on consecutive devices); recompute where memory needs it. A
     baseline whose algorithm fails comes back as the reason instead of a candidate.
     (``judge``: the tuned peers', whose PipeDream stages the defaults reuse.)"""
     names = search.topology.device_names()
-    out: list[tuple[str, Candidate | str]] = []
+    out: list[tuple[str, PlanShape | str]] = []
     outcomes = default_outcomes(search.profile, search.topology, mb, judge=judge)
     for label, ranges, replicas, reason in outcomes:
         if reason is not None:
@@ -98,7 +99,7 @@ def _baseline_candidates(
         if placed is None:
             continue
         groups = [s.devices for s in placed]
-        out.append((label, make_candidate(search, ranges, groups, schedule, mb, m)))
+        out.append((label, make_shape(search, ranges, groups, schedule, mb, m)))
     return out
 
 
@@ -124,14 +125,7 @@ def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: s
 
     def simulate_peer(config: PeerConfig) -> tuple[float, bool]:
         # Through the search's own cache: a shape both simulate is simulated once.
-        cand = Candidate(
-            config.stages,
-            config.schedule,
-            config.microbatch_size,
-            config.num_microbatches,
-            config.virtual_stages,
-        )
-        got = search.simulate_as_given(cand, f"peer {config.peer}")
+        got = search.simulate_as_given(config.shape, f"peer {config.peer}")
         return got.iteration_ms, got.fits
 
     judge = PeerJudge(search.profile, search.topology, simulator=simulate_peer)
@@ -166,10 +160,8 @@ def seeded_by_peers(
         if best.best is None or not best.feasible:
             continue
         c = best.best.config
-        m, v = c.num_microbatches, c.virtual_stages
-        cand = Candidate(c.stages, c.schedule, c.microbatch_size, m, v)
-        seeds.append(search.evaluate(cand, f"peer {best.peer}"))
-    seeds = [x for x in seeds if x.cand.schedule in schedules and x.fits]
+        seeds.append(search.evaluate(c.shape, f"peer {best.peer}"))
+    seeds = [x for x in seeds if x.shape.schedule in schedules and x.fits]
     mine = [x for x in own if x.fits]
     if not seeds:
         return []
@@ -203,10 +195,10 @@ def _tuned_row(best: PeerBest, samples: int) -> Baseline:
         partition=c.partition,
         depth=c.depth,
         data_parallel=c.data_parallel,
-        microbatch_size=c.microbatch_size,
-        num_microbatches=c.num_microbatches,
-        schedule=c.schedule,
-        virtual_stages=c.virtual_stages,
+        microbatch_size=c.shape.microbatch_size,
+        num_microbatches=c.shape.num_microbatches,
+        schedule=c.shape.schedule,
+        virtual_stages=c.shape.virtual_stages,
         recompute=c.recompute,
         configurations=best.configurations,
         simulations=best.simulations,

@@ -4,13 +4,13 @@
 simulated once), the count of simulations, the methods used and the ILP's outcome.
 :meth:`Search.evaluate` simulates a candidate and settles its recompute flags by the
 simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lower bound
-cannot beat the best plan. :func:`make_candidate` builds a candidate, recompute where the
+cannot beat the best plan. :func:`make_shape` builds a candidate, recompute where the
 memory model says a stage overflows.
 
 Example::
 
     search = Search(profile, topology, SolveOptions(), time_limit=10)
-    cand = make_candidate(search, [(0, 3), (4, 7)], [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
+    cand = make_shape(search, [(0, 3), (4, 7)], [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
     search.evaluate(cand, "dp").per_sample_ms
 """
 
@@ -26,15 +26,16 @@ from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
+from planner.shape import PlanShape
 from planner.simulate import simulate_shape
-from planner.solve.candidate import Candidate, Scored, with_recompute
 from planner.solve.memory import fix_recompute
 from planner.solve.options import SolveOptions
+from planner.solve.scored import Scored
 
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["Search", "make_candidate"]
+__all__ = ["Search", "make_shape"]
 
 
 @dataclass
@@ -45,18 +46,18 @@ class Search:
     topology: Topology
     options: SolveOptions
     time_limit: float
-    cache: dict[Candidate, Scored] = field(default_factory=dict)
+    cache: dict[PlanShape, Scored] = field(default_factory=dict)
     sims: int = 0
     ilp: IlpInfo | None = None
     methods: list[str] = field(default_factory=list)
     # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
     # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
-    recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
+    recuts: dict[tuple[Any, ...], list[PlanShape]] = field(default_factory=dict)
     # Candidates left unsimulated because their bound could not beat the plan they were
     # measured against, with that bound per sample (see :meth:`bound_per_sample`).
-    bounded: dict[Candidate, float] = field(default_factory=dict)
+    bounded: dict[PlanShape, float] = field(default_factory=dict)
 
-    def bound_per_sample(self, cand: Candidate) -> float:
+    def bound_per_sample(self, cand: PlanShape) -> float:
         """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
         (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
         switch it off, and recompute only adds time); infinite where it cannot fit
@@ -72,7 +73,7 @@ class Search:
         bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
         return bound / cand.samples
 
-    def cannot_beat(self, cand: Candidate, best: Scored) -> bool:
+    def cannot_beat(self, cand: PlanShape, best: Scored) -> bool:
         """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
         :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
         remembered, not simulated."""
@@ -84,7 +85,7 @@ class Search:
             return True
         return False
 
-    def evaluate(self, cand: Candidate, origin: str) -> Scored:
+    def evaluate(self, cand: PlanShape, origin: str) -> Scored:
         """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
         switch recompute on where a device overflows, off where it is not needed."""
         hit = self.cache.get(cand)
@@ -94,21 +95,21 @@ class Search:
         if not scored.fits and scored.result is not None:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
             flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
-            retry = self.simulate_as_given(with_recompute(cand, flags), origin)
+            retry = self.simulate_as_given(cand.with_recompute(flags), origin)
             if retry.key() < scored.key():
                 scored = retry
         if scored.fits:
-            for k, stage in enumerate(scored.cand.stages):
+            for k, stage in enumerate(scored.shape.stages):
                 if stage.recompute:
-                    flags = [s.recompute for s in scored.cand.stages]
+                    flags = [s.recompute for s in scored.shape.stages]
                     flags[k] = False
-                    retry = self.simulate_as_given(with_recompute(scored.cand, flags), origin)
+                    retry = self.simulate_as_given(scored.shape.with_recompute(flags), origin)
                     if retry.key() < scored.key():
                         scored = retry
         self.cache[cand] = scored
         return scored
 
-    def simulate_as_given(self, cand: Candidate, origin: str) -> Scored:
+    def simulate_as_given(self, cand: PlanShape, origin: str) -> Scored:
         """Simulate ``cand`` with its recompute flags as they are (once per search)."""
         hit = self.cache.get(cand)
         if hit is not None:
@@ -129,7 +130,7 @@ class Search:
         return scored
 
 
-def make_candidate(
+def make_shape(
     search: Search,
     ranges: Sequence[tuple[int, int]],
     devices: Sequence[Sequence[str]],
@@ -138,13 +139,13 @@ def make_candidate(
     m: int,
     recompute: Sequence[bool] | None = None,
     virtual: int = 1,
-) -> Candidate:
+) -> PlanShape:
     """The candidate for these stages; recompute as given, or where memory needs it
     (:func:`planner.solve.memory.fix_recompute`).
 
     Example::
 
-        make_candidate(search, [(0, 7)], [("gpu0", "gpu1")], "1f1b", 4, 8)
+        make_shape(search, [(0, 7)], [("gpu0", "gpu1")], "1f1b", 4, 8)
     """
     if recompute is None:
         recompute = fix_recompute(
@@ -155,4 +156,4 @@ def make_candidate(
         StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
         for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
-    return Candidate(stages, schedule, mb, m, virtual)
+    return PlanShape(stages, schedule, mb, m, virtual)
