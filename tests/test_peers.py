@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 from test_dp import random_profile
 
-from planner.partition.peers import (
-    PEERS,
-    Peer,
-    PeerConfig,
-    PeerJudge,
-    peer_configurations,
-    tune_peers,
-)
 from planner.shape import PlanShape
+from planner.solve.peer_partitions import PeerPartitions
+from planner.solve.peers import PEERS, Peer, PeerConfig, settle, tune_peers
+from planner.solve.search import Search
 from planner.stages import StageSpec
 from planner.topology import load_topology, uniform_topology
 
@@ -24,9 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _configs(peer: Peer, profile, topo, settings):  # type: ignore[no-untyped-def]
-    return [
-        c for c in peer_configurations(peer, profile, topo, settings) if isinstance(c, PeerConfig)
-    ]
+    parts = PeerPartitions(profile, topo)
+    return [c for c in peer.configurations(parts, settings) if isinstance(c, PeerConfig)]
 
 
 def _peer(name: str) -> Peer:
@@ -64,7 +58,7 @@ def test_layouts_follow_the_peer() -> None:
 def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
     profile = random_profile(6, 2)
     topo = uniform_topology(4)
-    out = list(peer_configurations(_peer("Megatron-LM"), profile, topo, [(1, 8)]))
+    out = list(_peer("Megatron-LM").configurations(PeerPartitions(profile, topo), [(1, 8)]))
     reasons = [c for c in out if isinstance(c, str)]
     configs = [c for c in out if isinstance(c, PeerConfig)]
     assert any("divide into 4 equal stages" in r for r in reasons)
@@ -87,11 +81,11 @@ def test_pipedream_uses_its_own_stages_and_replicas() -> None:
 
 
 def _brute_best(profile, topo, settings) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    judge = PeerJudge(profile, topo)
+    search = Search(profile, topo)
     out = {}
     for peer in PEERS:
-        runs = [judge.settle(c) for c in _configs(peer, profile, topo, settings)]
-        out[peer.name] = min((r.per_sample_ms for r in runs if r.feasible), default=math.inf)
+        runs = [settle(search, c)[1] for c in _configs(peer, profile, topo, settings)]
+        out[peer.name] = min((r.per_sample_ms for r in runs if r.fits), default=math.inf)
     return out
 
 
@@ -109,14 +103,15 @@ def test_the_bounded_sweep_finds_what_simulating_everything_finds(
         topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
     settings = [(1, 16), (2, 8)]
     expected = _brute_best(profile, topo, settings)
-    got = tune_peers(profile, topo, settings)
+    got = tune_peers(Search(profile, topo), settings)
     assert [b.peer for b in got] == [p.name for p in PEERS]
     for best in got:
         assert best.per_sample_ms == pytest.approx(expected[best.peer], rel=1e-12), best.peer
         assert best.simulations <= 2 * best.configurations
         if best.feasible:
-            assert best.best is not None
-            assert best.iteration_ms == best.best.iteration_ms
+            assert best.config is not None and best.scored is not None
+            assert best.iteration_ms == best.scored.iteration_ms
+            assert best.scored.shape == best.config.shape
     if memory is None:
         # Bounding saves simulations (each peer stops once no bound can beat its best).
         assert sum(b.simulations for b in got) < sum(b.configurations for b in got)
@@ -124,17 +119,15 @@ def test_the_bounded_sweep_finds_what_simulating_everything_finds(
 
 def test_recompute_only_where_memory_needs_it() -> None:
     profile = random_profile(6, 7)  # 723 MiB for the whole model on one device
-    roomy = tune_peers(profile, uniform_topology(2, memory_bytes=2**36), [(2, 4)])
-    assert all(b.best is not None and not b.best.config.recompute for b in roomy)
-    got = {
-        b.peer: b
-        for b in tune_peers(profile, uniform_topology(2, memory_bytes=600 * 2**20), [(2, 4)])
-    }
+    roomy = tune_peers(Search(profile, uniform_topology(2, memory_bytes=2**36)), [(2, 4)])
+    assert all(b.config is not None and not b.config.recompute for b in roomy)
+    tight = Search(profile, uniform_topology(2, memory_bytes=600 * 2**20))
+    got = {b.peer: b for b in tune_peers(tight, [(2, 4)])}
     dp = got["data parallel"]
     assert not dp.feasible and dp.reason is not None and "fits in memory" in dp.reason
     # GPipe stashes all 4 microbatches: torchgpipe fits only with checkpointing; 1F1B without.
-    assert got["torchgpipe"].best is not None and got["torchgpipe"].best.config.recompute
-    assert got["DeepSpeed"].best is not None and not got["DeepSpeed"].best.config.recompute
+    assert got["torchgpipe"].config is not None and got["torchgpipe"].config.recompute
+    assert got["DeepSpeed"].config is not None and not got["DeepSpeed"].config.recompute
 
 
 def test_describe_names_the_configuration() -> None:
@@ -146,3 +139,21 @@ def test_describe_names_the_configuration() -> None:
         "Megatron-LM", "equal layers", 2, 1, PlanShape((stage,), "interleaved", 4, 8, 3)
     )
     assert inter.describe() == "equal layers, 2x1, mb 4 x 8, interleaved v=3, recompute"
+
+
+def test_the_peers_are_scored_by_the_searchs_own_cache() -> None:
+    profile = random_profile(8, 9, sizes=(1, 2))
+    search = Search(profile, load_topology(ROOT / "topologies" / "hetero.yaml"))
+    settings = [(1, 16), (2, 8)]
+    first = tune_peers(search, settings)
+    simulated = search.sims
+    assert simulated > 0
+    for best in first:
+        if best.scored is not None:
+            # The peer's best is the search's own entry for that shape.
+            assert search.cache[best.scored.shape] is best.scored
+    again = tune_peers(search, settings)
+    assert search.sims == simulated  # every shape found in the cache
+    assert [(b.describe(), b.iteration_ms) for b in again] == [
+        (b.describe(), b.iteration_ms) for b in first
+    ]

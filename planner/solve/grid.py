@@ -18,8 +18,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from planner.partition.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_ms
 from planner.shape import PlanShape
+from planner.solve.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_ms
 from planner.solve.dp_candidates import DpCand
 from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, VIRTUAL_CHUNKS
 from planner.solve.recut import interleaved, recut
@@ -62,7 +62,7 @@ def grid_interleaved(
     """Interleaved re-cuts of the grid's 1F1B pipelines whose busiest device (compute,
     all-reduce, step) could still beat the best plan found, the most promising
     :data:`planner.solve.options.INTERLEAVED_SEEDS` first: by the busy time plus the fill
-    and drain (:func:`planner.partition.bounds.pipeline_bound_ms`) shrunk by the most chunks
+    and drain (:func:`planner.solve.bounds.pipeline_bound_ms`) shrunk by the most chunks
     per device the layers allow, as interleaving shrinks it.
 
     Example::
@@ -106,7 +106,7 @@ def by_bound(
     keep: int = 1,
 ) -> list[Scored]:
     """Simulate ``cands`` in the order of a lower bound of their time per sample
-    (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
+    (:func:`planner.solve.bounds.search_bound_ms`) while the bound can still beat the
     ``keep``-th best distinct plan found so far (local search starts from the best
     ``keep``); the rest cannot be among them, so leaving them out loses nothing, and the
     local search starts from the same plans however tight the bound.

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
-from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
+from planner.solve.bounds import overflows_memory, search_bound_ms
 from planner.solve.memory import fix_recompute
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
@@ -40,12 +40,20 @@ __all__ = ["Search", "make_shape"]
 
 @dataclass
 class Search:
-    """One solve's inputs and what it has simulated so far."""
+    """One solve's inputs and what it has simulated so far; the one place where plan shapes
+    are scored, for pipeplan's own search and for the tuned peers alike
+    (:mod:`planner.solve.peers`): one cache of simulations, one fits check
+    (:meth:`simulate_as_given`), one bound per sample (:meth:`bound_per_sample`).
+
+    Example::
+
+        Search(profile, topology).simulate_as_given(shape, "peer DeepSpeed").fits
+    """
 
     profile: Profile
     topology: Topology
-    options: SolveOptions
-    time_limit: float
+    options: SolveOptions = field(default_factory=SolveOptions)
+    time_limit: float = 60.0
     cache: dict[PlanShape, Scored] = field(default_factory=dict)
     sims: int = 0
     ilp: IlpInfo | None = None
@@ -56,19 +64,35 @@ class Search:
     # Candidates left unsimulated because their bound could not beat the plan they were
     # measured against, with that bound per sample (see :meth:`bound_per_sample`).
     bounded: dict[PlanShape, float] = field(default_factory=dict)
+    # Every bound per sample worked out (shapes the search and the peers share included).
+    bounds: dict[PlanShape, float] = field(default_factory=dict)
+
+    def overflows(self, cand: PlanShape) -> bool:
+        """Whether ``cand`` cannot fit with or without recompute: a device's weights,
+        gradients and optimizer state alone exceed its memory
+        (:func:`planner.solve.bounds.overflows_memory`); nothing to simulate."""
+        specs = [s.with_recompute(False) for s in cand.stages]
+        return overflows_memory(self.profile, self.topology, specs, cand.schedule)
 
     def bound_per_sample(self, cand: PlanShape) -> float:
         """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
-        (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
+        (:func:`planner.solve.bounds.search_bound_ms` without recompute: evaluate may
         switch it off, and recompute only adds time); infinite where it cannot fit
-        (:func:`planner.partition.bounds.overflows_memory`: it never beats a plan that
-        fits)."""
-        hit = self.bounded.get(cand)
-        if hit is not None:
-            return hit
-        specs = [s.with_recompute(False) for s in cand.stages]
-        if overflows_memory(self.profile, self.topology, specs, cand.schedule):
+        (:meth:`overflows`: it never beats a plan that fits). Worked out once per shape.
+
+        Example::
+
+            search.bound_per_sample(shape)   # ms per sample, or inf
+        """
+        hit = self.bounds.get(cand)
+        if hit is None:
+            hit = self.bounds[cand] = self._bound_per_sample(cand)
+        return hit
+
+    def _bound_per_sample(self, cand: PlanShape) -> float:
+        if self.overflows(cand):
             return math.inf  # fits with no recompute: never beats a plan that fits
+        specs = [s.with_recompute(False) for s in cand.stages]
         m, mb = cand.num_microbatches, cand.microbatch_size
         bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
         return bound / cand.samples
