@@ -60,7 +60,7 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     plan = solve(
         profile,
         topo,
-        microbatches=MICROBATCHES,
+        num_microbatches=MICROBATCHES,
         time_limit=20,
         profile_path=str(profile_path),
         topology_path=str(topo_path),

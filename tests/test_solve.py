@@ -287,7 +287,7 @@ def test_deterministic() -> None:
 def test_plan_round_trips_and_resimulates(tmp_path: Path) -> None:
     topo = small_hetero()
     profile = random_profile(6, 3, sizes=(1, 2))
-    plan = solve(profile, topo, microbatches=4, time_limit=10)
+    plan = solve(profile, topo, num_microbatches=4, time_limit=10)
     path = tmp_path / "plan.json"
     plan.save(path)
     loaded = Plan.load(path)
@@ -321,10 +321,10 @@ def test_infeasible_single_layer_is_named() -> None:
     ("kwargs", "pattern"),
     [
         ({"global_batch": 7}, "not divisible by any profiled microbatch size"),
-        ({"global_batch": 8, "microbatches": 3}, "not divisible by 3 microbatches"),
+        ({"global_batch": 8, "num_microbatches": 3}, "not divisible by 3 microbatches"),
         ({"time_limit": 0}, "positive number of seconds"),
         ({"time_limit": -1.0}, "positive number of seconds"),
-        ({"microbatches": 0}, "positive integer"),
+        ({"num_microbatches": 0}, "positive integer"),
         ({"schedule": "fast"}, "unknown schedule"),
     ],
 )
@@ -353,7 +353,7 @@ def test_plan_says_when_its_prediction_includes_the_optimizer_step() -> None:
 
     profile = load_profile(ROOT / "profiles" / "mlp.json")  # has per-layer optimizer_ms
     topo = load_topology(ROOT / "topologies" / "cpu.yaml")
-    plan = solve(profile, topo, microbatches=4, time_limit=10)
+    plan = solve(profile, topo, num_microbatches=4, time_limit=10)
     steps = plan.predicted.step_ms
     assert len(steps) == len(plan.stages) and all(x > 0 for x in steps)
     # The same prediction the simulator makes for the plan, step included.
