@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from families import GENERATED
 from test_dp import random_profile
 
 from planner.errors import InputError
@@ -49,7 +50,7 @@ def test_bound_never_exceeds_the_simulated_time(topo_name: str) -> None:
     for case in range(60):
         profile = random_profile(rng.randint(2, 9), case, sizes=(1, 2))
         stages = _random_plan(rng, profile.num_layers, names)
-        schedule = rng.choice(["gpipe", "1f1b", "zb", "2bw"])
+        schedule = rng.choice(GENERATED)
         m = rng.choice([4, 6, 8, 12])
         mb = rng.choice([1, 2])
         try:
@@ -158,7 +159,7 @@ def test_static_overflow_means_no_recompute_fits() -> None:
     for case in range(40):
         profile = random_profile(rng.randint(2, 8), case, sizes=(1,))
         stages = _random_plan(rng, profile.num_layers, names)
-        schedule = rng.choice(["1f1b", "gpipe", "2bw"])
+        schedule = rng.choice(GENERATED)
         over = overflows_memory(profile, topo, stages, schedule)
         said[over] += 1
         for recompute in (False, True):

@@ -7,11 +7,13 @@ import itertools
 from pathlib import Path
 
 import pytest
+from families import BUILT
 from test_dp import random_profile
 
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan, StageSpec
 from planner.profile import Layer, LayerTiming, Measurement, Profile
+from planner.schedule import family
 from planner.simulate import simulate
 from planner.solve import SolveOptions, solve
 from planner.topology import Topology, load_topology, topology_from_dict, uniform_topology
@@ -334,13 +336,13 @@ def test_bad_arguments(kwargs: dict[str, object], pattern: str) -> None:
         solve(profile, uniform_topology(2), **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "interleaved", "2bw"])
+@pytest.mark.parametrize("schedule", BUILT)
 def test_requested_schedule_is_used(schedule: str) -> None:
     profile = _pipeline_profile(n=12, param_mib=2000)
     topo = uniform_topology(4, memory_bytes=24 * 2**30)
     plan = solve(profile, topo, global_batch=32, schedule=schedule, time_limit=5)
     assert plan.schedule.name == schedule
-    if schedule == "interleaved":
+    if family(schedule).interleaved:
         v = plan.schedule.virtual_stages
         assert v in (2, 3, 4)
         assert len(plan.stages) == v * len({tuple(s.devices) for s in plan.stages})

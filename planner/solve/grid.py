@@ -57,9 +57,10 @@ def grid_shapes(
 
 
 def grid_interleaved(
-    search: Search, grid: Sequence[PlanShape], scored: Sequence[Scored]
+    search: Search, grid: Sequence[PlanShape], scored: Sequence[Scored], schedule: str
 ) -> list[PlanShape]:
-    """Interleaved re-cuts of the grid's 1F1B pipelines whose busiest device (compute,
+    """Re-cuts under ``schedule`` (a family with several chunks per device, e.g.
+    interleaved) of the grid's 1F1B pipelines whose busiest device (compute,
     all-reduce, step) could still beat the best plan found, the most promising
     :data:`planner.solve.options.INTERLEAVED_SEEDS` first: by the busy time plus the fill
     and drain (:func:`planner.solve.bounds.pipeline_bound_ms`) shrunk by the most chunks
@@ -67,7 +68,7 @@ def grid_interleaved(
 
     Example::
 
-        grid_interleaved(search, grid, scored)
+        grid_interleaved(search, grid, scored, "interleaved")
     """
     best = min((x.per_sample_ms for x in scored if x.fits), default=math.inf)
     n = search.profile.num_layers
@@ -94,7 +95,7 @@ def grid_interleaved(
     count = INTERLEAVED_SEEDS if scale <= 2048 else INTERLEAVED_SEEDS // 2
     out: list[PlanShape] = []
     for _, _, c in ranked[:count]:
-        out.extend(interleaved(search, c))
+        out.extend(interleaved(search, c, schedule))
     return out
 
 

@@ -4,7 +4,7 @@ allowed schedule on the winner and interleaved re-cuts of the best few.
 
 Example::
 
-    scored = own_search(search, [(4, 8)], ["1f1b", "gpipe", "zb", "interleaved"], clock)
+    scored = own_search(search, [(4, 8)], AUTO_SCHEDULES, clock)
     best = min(scored, key=Scored.key)
 """
 
@@ -22,7 +22,7 @@ from planner.solve.exhaustive import exhaustive, exhaustive_size
 from planner.solve.grid import by_bound, grid_interleaved, grid_shapes
 from planner.solve.ilp_candidate import run_ilp
 from planner.solve.local import distinct_starts, local_budget, local_search
-from planner.solve.options import INTERLEAVED_SEEDS, LOCAL_STARTS
+from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, LOCAL_STARTS
 from planner.solve.recut import interleaved
 from planner.solve.scored import Scored
 from planner.solve.search import Search, make_shape
@@ -59,8 +59,8 @@ def _candidate_search(
             grid.extend(grid_shapes(search, cands, sched, mb, m))
     starts = LOCAL_STARTS if scale <= 2048 else 1
     scored.extend(by_bound(search, grid, scored, "grid", starts))
-    if any(family(s).interleaved for s in schedules):
-        chunked = grid_interleaved(search, grid, scored)
+    for sched in (s for s in schedules if family(s).interleaved):
+        chunked = grid_interleaved(search, grid, scored, sched)
         scored.extend(by_bound(search, chunked, scored, "grid interleaved", starts))
     use_ilp = opts.use_ilp
     if use_ilp is None:
@@ -90,9 +90,10 @@ def own_search(
 
     Example::
 
-        own_search(search, [(4, 8)], ["1f1b"], time.perf_counter())
+        own_search(search, [(4, 8)], [INTERLEAVED_BASE], time.perf_counter())
     """
-    primary = [s for s in schedules if not family(s).interleaved] or ["1f1b"]
+    primary = [s for s in schedules if not family(s).interleaved] or [INTERLEAVED_BASE]
+    chunked = [s for s in schedules if family(s).interleaved]
     names = search.topology.device_names()
     space = exhaustive_size(search.profile.num_layers, len(names)) * len(settings) * len(primary)
     scale = len(names) * max(m for _, m in settings)
@@ -105,12 +106,12 @@ def own_search(
         return scored
     best = min(scored, key=Scored.key)
     scored.extend(other_schedules(search, best, schedules))
-    if any(family(s).interleaved for s in schedules):
+    if chunked:
         # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
         count = INTERLEAVED_SEEDS if scale <= 2048 else 1
         pipelines = [x for x in scored if x.shape.virtual_stages == 1 and len(x.shape.stages) > 1]
         for seed in distinct_starts(pipelines, count):
-            for e in interleaved(search, seed.shape):
+            for e in (e for sched in chunked for e in interleaved(search, seed.shape, sched)):
                 if not search.cannot_beat(e, best):
                     scored.append(search.evaluate(e, "interleaved"))
                     best = min(best, scored[-1], key=Scored.key)
@@ -122,7 +123,7 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
 
     Example::
 
-        other_schedules(search, best, ["1f1b", "gpipe", "zb"])
+        other_schedules(search, best, AUTO_SCHEDULES)
     """
     c = best.shape
     out: list[Scored] = []
@@ -130,7 +131,7 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
         if sched == c.schedule:
             continue
         if family(sched).interleaved:
-            extra = interleaved(search, c)
+            extra = interleaved(search, c, sched)
         else:
             ranges = [s.layers for s in c.stages]
             groups = [s.devices for s in c.stages]

@@ -163,9 +163,8 @@ class Peer:
                             if isinstance(ranges, str):
                                 yield f"{method} on {depth * v} stages: {ranges}"
                                 continue
-                            placed = tuple(
-                                StageSpec(k, r, groups[k % depth]) for k, r in enumerate(ranges)
-                            )
+                            where = family(sched).place(groups, v)
+                            placed = tuple(StageSpec(k, r, where[k]) for k, r in enumerate(ranges))
                             shape = PlanShape(placed, sched, mb, m, v)
                             yield PeerConfig(self.name, method, depth, dp, shape)
 

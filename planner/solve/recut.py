@@ -5,7 +5,7 @@ plan (:func:`interleaved`: each group holding ``v`` chunks).
 Example::
 
     recut(search, [("gpu0",), ("gpu1",)], "1f1b", 4, 8)  # even, full-model and compute-only
-    interleaved(search, cand)  # the plan's groups with 2, 3 and 4 chunks each
+    interleaved(search, shape, "interleaved")  # the plan's groups with 2, 3 and 4 chunks each
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from planner.partition.baselines import uniform_partition
 from planner.partition.dp import layer_costs, partition_chain
 from planner.partition.mapping import links_between, slots_along
+from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.memory import in_flight, weight_versions
 from planner.solve.options import VIRTUAL_CHUNKS
@@ -23,15 +24,16 @@ from planner.solve.search import Search, make_shape
 __all__ = ["cut_over", "interleaved", "recut"]
 
 
-def interleaved(search: Search, c: PlanShape) -> list[PlanShape]:
-    """Interleaved versions of a plan whose stages have equally many replicas: its stages'
-    device groups in order, each holding ``v`` chunks (``v`` in
-    :data:`planner.solve.options.VIRTUAL_CHUNKS`), the layers re-cut by the DP over the
-    ``v * p`` chunks (with its all-reduce term and without it: see :func:`recut`).
+def interleaved(search: Search, c: PlanShape, schedule: str) -> list[PlanShape]:
+    """Versions of a plan whose stages have equally many replicas under ``schedule``, a
+    family with several chunks per device: its stages' device groups in order, each
+    holding ``v`` chunks (``v`` in :data:`planner.solve.options.VIRTUAL_CHUNKS`) where the
+    family places them, the layers re-cut by the DP over the ``v * p`` chunks (with its
+    all-reduce term and without it: see :func:`recut`).
 
     Example::
 
-        {x.virtual_stages for x in interleaved(search, cand)}  # {2, 3, 4} on enough layers
+        {x.virtual_stages for x in interleaved(search, shape, "interleaved")}  # {2, 3, 4}
     """
     sizes = {len(s.devices) for s in c.stages}
     if len(sizes) != 1 or c.virtual_stages > 1:
@@ -43,11 +45,12 @@ def interleaved(search: Search, c: PlanShape) -> list[PlanShape]:
     if p < 2 or m % p or (m // r) % p:
         return []
     groups = [s.devices for s in c.stages]
+    place = family(schedule).place
     out = []
     for v in VIRTUAL_CHUNKS:
         if n < v * p:
             break
-        out.extend(recut(search, groups * v, "interleaved", c.microbatch_size, m, v))
+        out.extend(recut(search, place(groups, v), schedule, c.microbatch_size, m, v))
     return out
 
 
