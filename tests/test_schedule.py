@@ -18,7 +18,6 @@ from planner.schedule import (
     as_stream,
     build_schedule,
     family,
-    in_flight_microbatches,
     validate_schedule,
 )
 from planner.simulate import STREAM_ITERATIONS, optimized_schedule, simulate
@@ -73,7 +72,7 @@ def test_activations_in_flight(name: str, p: int, m: int) -> None:
     result = simulate(prof, None, _chain(p), name, m)
     for s in range(p):
         held = result.memory_bytes[f"d{s}"] // saved
-        assert held == in_flight_microbatches(name, p, s, m)
+        assert held == family(name).in_flight_microbatches(p, s, m)
         if name in ("1f1b", "2bw"):
             assert held <= p - s
         if name == "gpipe":
@@ -251,7 +250,7 @@ def test_interleaved_in_flight_matches_the_simulated_peak(
     result = simulate(prof, None, stages, name, m)
     for r in range(p):
         held = result.memory_bytes[f"d{r}"] // 64
-        assert held == in_flight_microbatches(name, p, r, m, virtual_stages=v)
+        assert held == family(name).in_flight_microbatches(p, r, m, virtual_stages=v)
 
 
 # --- replicated stages: one schedule per pipeline replica ----------------------------------
@@ -291,7 +290,7 @@ def test_replicated_in_flight_matches_the_simulated_peak(name: str, p: int, r: i
     prof = synthetic_profile(p, saved_bytes=saved, param_bytes=0, optimizer_state_bytes=0)
     result = simulate(prof, None, _replicated(p, r), name, m)
     for s in range(p):
-        total = in_flight_microbatches(name, p, s, m, rounds=r)
+        total = family(name).in_flight_microbatches(p, s, m, rounds=r)
         for j in range(r):
             assert result.memory_bytes[f"d{s}_{j}"] // saved == total // r
 

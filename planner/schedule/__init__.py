@@ -42,7 +42,6 @@ __all__ = [
     "device_groups",
     "family",
     "is_interleaved",
-    "in_flight_microbatches",
     "schedule_from_order",
     "validate_order",
     "validate_schedule",
@@ -166,40 +165,6 @@ def _validated_order(
     shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)
     return order
-
-
-def in_flight_microbatches(
-    name: str,
-    num_stages: int,
-    stage_index: int,
-    num_microbatches: int,
-    *,
-    virtual_stages: int = 1,
-    rounds: int = 1,
-) -> int:
-    """Microbatches whose activations a stage holds at its peak under a schedule, over
-    all its replicas.
-
-    For ``interleaved`` ``num_stages`` is the number of devices ``p``, ``stage_index``
-    the device rank, and the count is chunk-microbatches over all ``v`` chunks of that
-    device (each chunk's activations are ``1/v`` of the device's share). ``optimized``
-    returns 1F1B's count, the depth its search starts from. ``rounds``: microbatches per
-    round where replicated stages run one schedule per replica
-    (:func:`planner.schedule.replicas.replica_round`): each replica then holds what one
-    pipeline over ``M / rounds`` microbatches holds.
-
-    Example::
-
-        in_flight_microbatches("1f1b", 4, 0, 8)             # 4
-        in_flight_microbatches("1f1b", 4, 0, 8, rounds=2)   # 8: 4 on each of 2 replicas
-    """
-    return family(name).in_flight_microbatches(
-        num_stages,
-        stage_index,
-        num_microbatches,
-        virtual_stages=virtual_stages,
-        rounds=rounds,
-    )
 
 
 def as_stream(schedule: Schedule, stages: Sequence[StageSpec], iterations: int) -> Schedule | None:

@@ -208,12 +208,22 @@ class Family:
         virtual_stages: int = 1,
         rounds: int = 1,
     ) -> int:
-        """Microbatches whose activations a stage holds at its peak, over all its replicas
-        (:func:`planner.schedule.in_flight_microbatches` says how to read the arguments).
+        """Microbatches whose activations a stage holds at its peak under this family,
+        over all its replicas.
+
+        For a family with several chunks per device (interleaved) ``num_stages`` is the
+        number of devices ``p``, ``stage_index`` the device rank, and the count is
+        chunk-microbatches over all ``v`` chunks of that device (each chunk's activations
+        are ``1/v`` of the device's share). A searched family (optimized) returns 1F1B's
+        count, the depth its search starts from. ``rounds``: microbatches per round where
+        replicated stages run one schedule per replica
+        (:func:`planner.schedule.replicas.replica_round`): each replica then holds what
+        one pipeline over ``M / rounds`` microbatches holds.
 
         Example::
 
-            family("1f1b").in_flight_microbatches(4, 0, 8, rounds=2)   # 8
+            family("1f1b").in_flight_microbatches(4, 0, 8)             # 4
+            family("1f1b").in_flight_microbatches(4, 0, 8, rounds=2)   # 8: 4 on each of 2
         """
         m = num_microbatches
         r = rounds if rounds > 1 and m % rounds == 0 else 1
