@@ -278,9 +278,11 @@ def _tied_run(schedule: str) -> tuple[str, str, int, dict[str, Any]]:
     # Two chunks per device (interleaved, loop-placed): cpu0 holds stages 0 and 2, which
     # share blocks.0.fc.weight; the embedding is shared between stage 0 and stage 3 on
     # the other device. One stage per device: the embedding crosses the cut.
+    # An odd number of microbatches where the family allows it (chunks need a multiple of
+    # the devices).
     chunked = family(schedule).interleaved
     ranges = ["0-1", "2", "3", "4-5"] if chunked else ["0-2", "3-5"]
-    return (schedule, partition(schedule, ranges, ["cpu0", "cpu1"]), 4, {})
+    return (schedule, partition(schedule, ranges, ["cpu0", "cpu1"]), 4 if chunked else 3, {})
 
 
 # Every synchronous family, then a replicated holder stage and shared mode under 1F1B.
