@@ -5,7 +5,7 @@ profile (``profiles/NAME.json``) on ``topologies/cpu.yaml`` (local CPU processes
 
 - pipeplan's plan: ``solve`` with 8 microbatches (every profiled microbatch size,
   ``--schedule auto``);
-- the best tuned peer's plan: every peer of :mod:`planner.partition.peers` at its best
+- the best tuned peer's plan: every peer of :mod:`planner.solve.peers` at its best
   configuration for the same profile, topology and batch (depth x data parallel over the
   processes, microbatch size, the peer's schedules), the fastest of them by the simulator;
   written as a plan with its stages, schedule and prediction.
@@ -46,11 +46,12 @@ MICROBATCHES = 8
 
 def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     """pipeplan's plan and the best tuned peer's plan for one example, saved under ``tmp``."""
-    from planner.partition.peers import tune_peers
     from planner.plan import FileRef, plan_from_simulation
     from planner.profile.schema import load_profile
     from planner.simulate import simulate
     from planner.solve import solve
+    from planner.solve.peers import tune_peers
+    from planner.solve.search import Search
     from planner.topology import load_topology
 
     profile_path = ROOT / "profiles" / f"{name}.json"
@@ -59,7 +60,7 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     plan = solve(
         profile,
         topo,
-        microbatches=MICROBATCHES,
+        num_microbatches=MICROBATCHES,
         time_limit=20,
         profile_path=str(profile_path),
         topology_path=str(topo_path),
@@ -67,19 +68,20 @@ def plans_for(name: str, tmp: Path) -> dict[str, Any]:
     ours = tmp / f"{name}.pipeplan.plan.json"
     plan.save(ours)
     settings = [(mb, MICROBATCHES) for mb in profile.microbatch_sizes]
-    tuned = [b for b in tune_peers(profile, topo, settings) if b.feasible and b.best]
+    tuned = [b for b in tune_peers(Search(profile, topo), settings) if b.feasible and b.config]
     best = min(tuned, key=lambda b: b.per_sample_ms)
-    assert best.best is not None
-    config = best.best.config
-    stages = config.specs()
+    assert best.config is not None
+    config = best.config
+    shape = config.shape
+    stages = list(shape.stages)
     result = simulate(
         profile,
         topo,
         stages,
-        config.schedule,
-        config.num_microbatches,
-        config.microbatch_size,
-        virtual_stages=config.virtual_stages,
+        shape.schedule,
+        shape.num_microbatches,
+        shape.microbatch_size,
+        virtual_stages=shape.virtual_stages,
     )
     peer_plan = plan_from_simulation(
         result, stages, profile=FileRef.of_file(profile_path), topology=FileRef.of_file(topo_path)

@@ -10,7 +10,7 @@ simulator on the same profile, topology and batch:
   is its partitioner plus the sweep its users do: pipeline depth over the divisors of the
   device count, data parallelism over the rest in device order, every profiled microbatch
   size, its own schedules, recompute where memory needs it
-  (:mod:`planner.partition.peers`); ``best_peer`` names the winner and its configuration;
+  (:mod:`planner.solve.peers`); ``best_peer`` names the winner and its configuration;
 - ``search_alone``: the same ratio for what pipeplan's own search finds before the peers'
   plans join its pool (``solve`` seeds the pool with them, so the final plan is never
   slower than a peer by construction; this column is the one that can lose);

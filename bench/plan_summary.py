@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.partition.bounds import search_bound_ms
 from planner.plan import Plan
 from planner.profile import Profile
+from planner.solve.bounds import search_bound_ms
 from planner.topology import Topology
 
 __all__ = ["plan_summary"]

@@ -114,7 +114,7 @@ def make_plan(
     plan = solve(
         load_profile(profile_path),
         load_topology(topo_path),
-        microbatches=8,
+        num_microbatches=8,
         schedule="1f1b",
         time_limit=20,
         profile_path=str(profile_path),

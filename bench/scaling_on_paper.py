@@ -13,7 +13,7 @@ Models (Brown et al. 2020, table 2.1): 1.3B, 6.7B, 13B, 175B; sequence 2048, voc
 --network fat-tree`` (8 H100 SXM per node on a 450 GB/s NVSwitch, one 400 Gbit/s
 InfiniBand NIC per GPU on a non-blocking fat tree) with 64 to 1024 GPUs. Global batch 512
 sequences (1M tokens). Reported: how long ``solve`` takes (as ``pipeplan solve`` runs it,
-the tuned peers of ``planner.partition.peers`` included), how far its simulated plan is from
+the tuned peers of ``planner.solve.peers`` included), how far its simulated plan is from
 the global lower bound (every GPU busy with an equal share, no communication) and from the
 search's bound for the plan itself (its busiest GPU's compute + all-reduce + step, with the
 pipeline's fill and drain), and the best tuned peer (DeepSpeed, Megatron-LM,

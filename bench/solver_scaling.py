@@ -4,7 +4,7 @@ Synthetic transformer-like chains (uneven layer times between 1 and 4 ms, 100 Mi
 per layer, 8 MiB activations; built with planner.profile's dataclasses, not measured) are
 solved by ``planner.solve.solve`` (the whole search: DP candidates for every number of
 stages and replication degree, the depth x replication grid, simulator, local search,
-schedules, then the tuned peers of ``planner.partition.peers`` and their plans as seeds: what
+schedules, then the tuned peers of ``planner.solve.peers`` and their plans as seeds: what
 ``pipeplan solve`` does by default) on two kinds of machine:
 
 - ``one-switch``: ``uniform_topology(n)``, every GPU on one 50 GB/s switch;
@@ -16,7 +16,7 @@ The global batch is 2 samples per device. Reported: wall seconds of ``solve``, t
 stages, predicted iteration time against the global lower bound (every device busy with an
 equal share of the work, no communication) and against the search's bound for the plan
 itself (its busiest device's compute + all-reduce + step, with the pipeline's fill and drain:
-``planner.partition.bounds``), the best tuned peer (name and configuration) and its time over
+``planner.solve.bounds``), the best tuned peer (name and configuration) and its time over
 pipeplan's, for the final plan and for the search alone (before the peers' plans join).
 Plot: solve seconds against layers for each device count, log axes
 (``bench/results/solver_scaling.svg``).

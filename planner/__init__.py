@@ -18,7 +18,7 @@ as ``from planner.solve import ...`` and ``from planner.simulate import ...``.
 """
 
 from planner.errors import InfeasibleError, InputError
-from planner.plan import Plan, StageSpec
+from planner.plan import Plan, PlanShape, StageSpec
 from planner.profile import Profile, load_profile, profile_model
 from planner.simulate import SimResult, simulate
 from planner.solve import solve
@@ -28,6 +28,7 @@ __all__ = [
     "InfeasibleError",
     "InputError",
     "Plan",
+    "PlanShape",
     "Profile",
     "SimResult",
     "StageSpec",

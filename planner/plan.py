@@ -42,6 +42,7 @@ from planner.plan_parts import (
 from planner.schedule.actions import Schedule
 from planner.schedule.families import is_interleaved
 from planner.schedule.validate import validate_schedule
+from planner.shape import PlanShape
 from planner.stages import (
     StageSpec,
     as_stages,
@@ -55,6 +56,7 @@ __all__ = [
     "Baseline",
     "FileRef",
     "Plan",
+    "PlanShape",
     "Prediction",
     "SimulatedPlan",
     "SolverInfo",
@@ -132,6 +134,23 @@ class Plan:
             for i, b in enumerate(baselines)
         ]
         self.extra = dict(extra or {})
+
+    @property
+    def shape(self) -> PlanShape:
+        """The plan's stages, schedule name and microbatching as one hashable value (what
+        the search and the peers exchange).
+
+        Example::
+
+            Plan.load("plan.json").shape.samples
+        """
+        return PlanShape(
+            tuple(self.stages),
+            self.schedule.name,
+            self.microbatch_size,
+            self.num_microbatches,
+            self.schedule.virtual_stages,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON object.
@@ -234,7 +253,7 @@ def plan_from_simulation(
         topology=topology,
         microbatch_size=result.microbatch_size,
         num_microbatches=result.num_microbatches,
-        stages=[StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages],
+        stages=list(stages),
         schedule=result.schedule,
         predicted=Prediction.from_result(result, global_lower_bound_ms=global_lower_bound_ms),
         solver=solver or SolverInfo.manual(),

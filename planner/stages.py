@@ -1,10 +1,14 @@
 """Stages: which layers run on which devices, and the one check that a partition is sound.
 
-A :class:`StageSpec` is an inclusive layer range on one or more devices (more than one:
-data-parallel replicas). Partitions come as text (``"0-3:gpu0,gpu1;4-7:gpu2"``), as
+A :class:`StageSpec` is an inclusive layer range on one or more devices: its devices are
+data-parallel replicas, each replica a tensor-parallel group of ``tensor_parallel`` devices
+(one today: tensor parallelism is parsed and written, but :func:`validate_stages` refuses
+it until the simulator and the runtime can run it). Partitions come as text
+(``"0-3:gpu0,gpu1;4-7:gpu2"``; ``+`` joins one replica's group: ``"0-3:gpu0+gpu1"``), as
 decoded JSON/YAML lists, or as objects; :func:`validate_stages` is the single check that a
 partition covers the model's layers exactly once on known, distinct devices. Schedules,
-the simulator, the solver and plans all speak this type.
+the simulator, the solver, the peers, the runtime and plans all speak this type; it is
+frozen and hashable (the search keys its caches by it).
 
 Example::
 
@@ -15,7 +19,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -23,21 +27,45 @@ from planner.errors import InputError
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["StageSpec", "as_stages", "parse_stages", "stages_from_data", "validate_stages"]
+__all__ = [
+    "StageSpec",
+    "as_stages",
+    "parse_stages",
+    "refuse_tensor_parallel",
+    "stages_from_data",
+    "validate_stages",
+]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageSpec:
     """One pipeline stage: an inclusive layer range on one or more devices.
 
-    More than one device means data-parallel replicas; microbatch ``k`` of the stage runs
-    on replica ``k % len(devices)`` (PipeDream-style round robin).
+    ``devices`` are the stage's data-parallel replicas, replica-major: replica ``j`` is the
+    tensor-parallel group ``devices[j * tensor_parallel : (j + 1) * tensor_parallel]``
+    (:attr:`replica_groups`). Microbatch ``k`` of the stage runs on replica
+    ``k % replicas`` (PipeDream-style round robin). ``devices`` and ``layers`` given as
+    lists are kept as tuples.
+
+    Example::
+
+        StageSpec(0, (0, 3), ("gpu0", "gpu1")).replica(3)              # 'gpu1'
+        StageSpec(0, (0, 3), ("a", "b", "c", "d"), tensor_parallel=2).replica_groups
+        # (('a', 'b'), ('c', 'd'))
     """
 
     id: int
     layers: tuple[int, int]
-    devices: list[str]
+    devices: tuple[str, ...]
     recompute: bool = False
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.devices, tuple):
+            names = (self.devices,) if isinstance(self.devices, str) else tuple(self.devices)
+            object.__setattr__(self, "devices", names)
+        if not isinstance(self.layers, tuple):
+            object.__setattr__(self, "layers", tuple(self.layers))
 
     @property
     def first(self) -> int:
@@ -47,17 +75,37 @@ class StageSpec:
     def last(self) -> int:
         return self.layers[1]
 
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: groups of ``tensor_parallel`` devices."""
+        return len(self.devices) // self.tensor_parallel
+
+    @property
+    def replica_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Each replica's tensor-parallel group of devices, in replica order."""
+        tp = self.tensor_parallel
+        return tuple(self.devices[j * tp : (j + 1) * tp] for j in range(self.replicas))
+
     def replica(self, microbatch: int) -> str:
-        """The device that runs ``microbatch`` of this stage."""
+        """The device that runs ``microbatch`` of this stage (one device per replica)."""
         return self.devices[microbatch % len(self.devices)]
 
+    def with_recompute(self, recompute: bool) -> StageSpec:
+        """This stage with ``recompute`` set (itself where it already is)."""
+        return self if self.recompute == recompute else replace(self, recompute=recompute)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The plan JSON's stage object; ``tensor_parallel`` only where it is not 1, so
+        plans without it read and write back byte for byte."""
+        out: dict[str, Any] = {
             "id": self.id,
             "layers": [self.layers[0], self.layers[1]],
             "devices": list(self.devices),
             "recompute": self.recompute,
         }
+        if self.tensor_parallel != 1:
+            out["tensor_parallel"] = self.tensor_parallel
+        return out
 
 
 def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
@@ -109,12 +157,20 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
                 file=source,
                 field=f"{where}.recompute",
             )
+        tp = item.get("tensor_parallel", 1)
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or len(devices) % tp:
+            raise InputError(
+                f"expected a positive integer that divides the {len(devices)} devices, got {tp!r}",
+                file=source,
+                field=f"{where}.tensor_parallel",
+            )
         stages.append(
             StageSpec(
                 id=i,
                 layers=(layers[0], layers[1]),  # type: ignore[index]
-                devices=list(devices),
+                devices=tuple(devices),
                 recompute=recompute,
+                tensor_parallel=tp,
             )
         )
     return stages
@@ -123,8 +179,10 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
 def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]:
     """Parse the ``--stages`` shorthand ``"0-3:gpu0,gpu1;4-7:gpu2"``.
 
-    Each ``;``-separated part is ``FIRST-LAST:DEV[,DEV...]`` (a single layer may be
-    written ``5:gpu3``). ``recompute`` lists stage ids whose activations are recomputed.
+    Each ``;``-separated part is ``FIRST-LAST:REPLICA[,REPLICA...]`` (a single layer may be
+    written ``5:gpu3``); a replica is a device, or a tensor-parallel group of devices joined
+    by ``+`` (``gpu0+gpu1,gpu2+gpu3``: two replicas of two devices; every group of a stage
+    the same size). ``recompute`` lists stage ids whose activations are recomputed.
 
     Example::
 
@@ -146,20 +204,37 @@ def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]
                 f"stage {i}: expected FIRST-LAST:DEVICES like '0-3:gpu0', got {part!r}",
                 field="--stages",
             ) from None
-        devices = [d.strip() for d in devs.split(",") if d.strip()]
-        if not sep or not devices:
+        groups = [
+            tuple(d.strip() for d in g.split("+") if d.strip())
+            for g in devs.split(",")
+            if g.strip()
+        ]
+        if not sep or not groups or not all(groups):
             raise InputError(
                 f"stage {i}: expected at least one device after ':', got {part!r}",
                 field="--stages",
             )
-        stages.append(StageSpec(id=i, layers=(first, last), devices=devices))
+        if len({len(g) for g in groups}) != 1:
+            raise InputError(
+                f"stage {i}: expected tensor-parallel groups of one size (joined by '+'), "
+                f"got {part!r}",
+                field="--stages",
+            )
+        stages.append(
+            StageSpec(
+                id=i,
+                layers=(first, last),
+                devices=tuple(d for g in groups for d in g),
+                recompute=i in recompute,
+                tensor_parallel=len(groups[0]),
+            )
+        )
     for sid in recompute:
         if not 0 <= sid < len(stages):
             raise InputError(
                 f"stage {sid} does not exist (stages are 0..{len(stages) - 1})",
                 field="--recompute",
             )
-        stages[sid].recompute = True
     return stages
 
 
@@ -208,7 +283,8 @@ def validate_stages(
         if not stage.devices:
             fail(f"{where}.devices", "expected at least one device")
         if len(set(stage.devices)) != len(stage.devices):
-            fail(f"{where}.devices", f"a device is listed twice: {stage.devices}")
+            fail(f"{where}.devices", f"a device is listed twice: {list(stage.devices)}")
+        refuse_tensor_parallel(stage, source=source, where=where)
     if expected < num_layers:
         fail(
             "stages",
@@ -242,6 +318,27 @@ def validate_stages(
                 owner[dev] = i
 
 
+def refuse_tensor_parallel(
+    stage: StageSpec, *, source: str | None = None, where: str | None = None
+) -> None:
+    """Refuse a stage whose replicas are tensor-parallel groups of several devices: nothing
+    simulates or runs them yet (the next issue's dimension). One line naming the stage.
+
+    Example::
+
+        refuse_tensor_parallel(parse_stages("0-3:gpu0+gpu1")[0])   # InputError
+    """
+    if stage.tensor_parallel == 1:
+        return
+    groups = ",".join("+".join(g) for g in stage.replica_groups)
+    raise InputError(
+        f"tensor parallelism is not supported yet (stage {stage.id} runs on groups {groups}); "
+        "give one device per replica, e.g. 'gpu0,gpu1'",
+        file=source,
+        field=f"{where or f'stages[{stage.id}]'}.tensor_parallel",
+    )
+
+
 def as_stages(stages: Any) -> list[StageSpec]:
     """Stages in any form a user would write them, as a list of :class:`StageSpec`.
 
@@ -256,8 +353,9 @@ def as_stages(stages: Any) -> list[StageSpec]:
         as_stages([(0, 2, "gpu0"), (3, 5, ["gpu1", "gpu2"])])
         as_stages(json.load(open("plan.json"))["stages"])
     """
-    if isinstance(stages, list) and stages and all(isinstance(s, StageSpec) for s in stages):
-        return stages  # the solver's hot path: nothing to convert
+    objects = isinstance(stages, list | tuple) and stages
+    if objects and all(isinstance(s, StageSpec) for s in stages):
+        return list(stages)  # the solver's hot path: nothing to convert
     if isinstance(stages, str):
         return parse_stages(stages)
     if not isinstance(stages, list | tuple) or not stages:
@@ -293,4 +391,4 @@ def _stage_from_item(index: int, item: Any) -> StageSpec:
             f"expected integer layers, device names and a boolean recompute, got {item!r}",
             field=f"stages[{index}]",
         )
-    return StageSpec(index, (first, last), names, recompute)
+    return StageSpec(index, (first, last), tuple(names), recompute)

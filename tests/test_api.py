@@ -74,5 +74,13 @@ def test_solve_takes_paths_and_records_them(tmp_path: Path) -> None:
 
 
 def test_solve_rejects_two_different_microbatch_counts() -> None:
-    with pytest.raises(InputError, match="num_microbatches"):
+    with pytest.raises(InputError, match="num_microbatches"), pytest.deprecated_call():
         planner.solve(PROFILE, TOPOLOGY, microbatches=4, num_microbatches=8)
+
+
+def test_solves_old_microbatches_keyword_still_works_with_a_deprecation_warning() -> None:
+    with pytest.deprecated_call(match="use num_microbatches"):
+        old = planner.solve(PROFILE, TOPOLOGY, microbatches=4, time_limit=10)
+    new = planner.solve(PROFILE, TOPOLOGY, num_microbatches=4, time_limit=10)
+    assert old.num_microbatches == 4
+    assert old.shape == new.shape and old.predicted == new.predicted

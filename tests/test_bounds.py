@@ -8,13 +8,14 @@ import random
 from pathlib import Path
 
 import pytest
+from families import GENERATED
 from test_dp import random_profile
 
 from planner.errors import InputError
-from planner.partition.bounds import busy_bound_ms, search_bound_ms
 from planner.plan import StageSpec
 from planner.profile.tied import TiedParameter
 from planner.simulate import simulate
+from planner.solve.bounds import busy_bound_ms, search_bound_ms
 from planner.topology import load_topology, uniform_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def test_bound_never_exceeds_the_simulated_time(topo_name: str) -> None:
     for case in range(60):
         profile = random_profile(rng.randint(2, 9), case, sizes=(1, 2))
         stages = _random_plan(rng, profile.num_layers, names)
-        schedule = rng.choice(["gpipe", "1f1b", "zb", "2bw"])
+        schedule = rng.choice(GENERATED)
         m = rng.choice([4, 6, 8, 12])
         mb = rng.choice([1, 2])
         try:
@@ -80,7 +81,7 @@ def test_data_parallelism_is_bounded_by_its_all_reduce() -> None:
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (3, 3)])
 def test_pipeline_bound_is_exact_for_equal_stages(p: int, m: int) -> None:
     from planner.cost import synthetic_profile
-    from planner.partition.bounds import pipeline_bound_ms
+    from planner.solve.bounds import pipeline_bound_ms
 
     # (m + p - 1)(f + b): the 1F1B closed form is the fill, the work and the drain.
     profile = synthetic_profile(p, forward_ms=0.5, backward_input_ms=1.25, backward_weight_ms=0.75)
@@ -130,8 +131,8 @@ def test_interleaved_bound_never_exceeds_the_simulated_time(topo_name: str) -> N
 @pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (4, 2, 8), (3, 3, 6)])
 def test_interleaved_bound_is_exact_for_equal_chunks(p: int, v: int, m: int) -> None:
     from planner.cost import synthetic_profile
-    from planner.partition.bounds import pipeline_bound_ms
     from planner.simulate import lower_bound_ms
+    from planner.solve.bounds import pipeline_bound_ms
 
     # (m + (p - 1) / v)(f + b) per device: interleaving divides the fill and drain by v.
     profile = synthetic_profile(
@@ -146,7 +147,7 @@ def test_interleaved_bound_is_exact_for_equal_chunks(p: int, v: int, m: int) -> 
 
 
 def test_static_overflow_means_no_recompute_fits() -> None:
-    from planner.partition.bounds import overflows_memory
+    from planner.solve.bounds import overflows_memory
 
     # Devices too small for some plans' weights, gradients and optimizer state: whenever
     # the bound says a plan overflows, the simulator's peak does too, with recompute on
@@ -158,7 +159,7 @@ def test_static_overflow_means_no_recompute_fits() -> None:
     for case in range(40):
         profile = random_profile(rng.randint(2, 8), case, sizes=(1,))
         stages = _random_plan(rng, profile.num_layers, names)
-        schedule = rng.choice(["1f1b", "gpipe", "2bw"])
+        schedule = rng.choice(GENERATED)
         over = overflows_memory(profile, topo, stages, schedule)
         said[over] += 1
         for recompute in (False, True):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import SYNCHRONOUS, partition
 from test_runtime import hard_timeout_after
 from torch.distributed.pipelining.schedules import (
     _Action,
@@ -35,7 +36,7 @@ from planner.plan import FileRef, Plan, parse_stages
 from planner.runtime import run_plan
 from planner.runtime.launch import free_port, worker_env
 from planner.runtime.reference import train_single_process
-from planner.schedule import Action, build_schedule
+from planner.schedule import Action, build_schedule, family
 
 ROOT = Path(__file__).resolve().parents[1]
 HARD_TIMEOUT_S = 150
@@ -105,15 +106,19 @@ def test_cells_are_torch_actions() -> None:
     assert torch_cell(Action.parse("F0.5"), replicas=2) == "0F2"
 
 
-@pytest.mark.parametrize(
-    ("schedule", "stages", "m"),
-    [
-        ("gpipe", "0-1:a;2-3:b;4-5:c", 4),
-        ("1f1b", "0-1:a;2-3:b;4-5:c", 6),
-        ("interleaved", "0:a;1:b;2-3:a;4-5:b", 4),
-        ("zb", "0-2:a;3-5:b", 5),
-    ],
-)
+def _layouts() -> list[tuple[str, str, int]]:
+    """Every synchronous family (what export takes) on a few partitions it can run."""
+    cases = []
+    for name in SYNCHRONOUS:
+        if family(name).interleaved:
+            cases.append((name, partition(name, ["0", "1", "2-3", "4-5"], ["a", "b"]), 4))
+            continue
+        for stages, m in (("0-1:a;2-3:b;4-5:c", 4), ("0-1:a;2-3:b;4-5:c", 6), ("0-2:a;3-5:b", 5)):
+            cases.append((name, stages, m))
+    return cases
+
+
+@pytest.mark.parametrize(("schedule", "stages", "m"), _layouts())
 def test_layout_passes_torch_validation(schedule: str, stages: str, m: int) -> None:
     specs = parse_stages(stages)
     sched = build_schedule(schedule, specs, m)

@@ -7,6 +7,7 @@ is held (``workspace_bytes``) and the temporaries of its optimizer step
 
 from __future__ import annotations
 
+from families import FLUSHED
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,7 +76,7 @@ def test_a_replicated_stage_pays_the_step_on_every_replica() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.sampled_from(["gpipe", "1f1b", "zb"]),
+    st.sampled_from(FLUSHED),
     st.lists(st.integers(0, 10**6), min_size=6, max_size=6),
     st.lists(st.integers(0, 10**6), min_size=6, max_size=6),
 )

@@ -111,7 +111,7 @@ def test_bad_plans_name_the_field(tmp_path: Path, mutate, field: str | None) -> 
 def test_parse_stages_shorthand() -> None:
     stages = parse_stages("0-3:gpu0,gpu1; 4-7:gpu2;8:gpu3", recompute=[1])
     assert [s.layers for s in stages] == [(0, 3), (4, 7), (8, 8)]
-    assert stages[0].devices == ["gpu0", "gpu1"]
+    assert stages[0].devices == ("gpu0", "gpu1")
     assert [s.recompute for s in stages] == [False, True, False]
     assert stages[0].replica(3) == "gpu1"
 

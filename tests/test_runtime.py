@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import SYNCHRONOUS, partition
 
 from planner.plan import FileRef, Plan, Prediction, parse_stages
 from planner.profile.loader import load_model_file
 from planner.runtime import run_plan
-from planner.schedule import build_schedule
+from planner.schedule import build_schedule, family
 
 HARD_TIMEOUT_S = 100
 
@@ -47,6 +48,7 @@ def hard_timeout() -> Iterator[None]:
 
 HERE = Path(__file__).parent
 SKIP = HERE / "models" / "skip.py"  # two inputs, values carried across several cuts
+CPUS = ["cpu0", "cpu1"]
 
 TINY = textwrap.dedent(
     """
@@ -133,17 +135,16 @@ def check_same(report, ref_losses, ref_params) -> None:  # type: ignore[no-untyp
         torch.testing.assert_close(report.parameters[name], value, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("schedule", "stages", "m", "recompute"),
-    [
-        ("gpipe", "0-1:cpu0;2-4:cpu1", 4, ()),
-        ("1f1b", "0-2:cpu0;3-4:cpu1", 4, (0,)),
-        ("interleaved", "0:cpu0;1-2:cpu1;3:cpu0;4:cpu1", 4, ()),
-    ],
-)
-def test_synchronous_schedules_match_single_process(
-    tiny: Path, schedule: str, stages: str, m: int, recompute: tuple[int, ...]
-) -> None:
+def _two_cpus(schedule: str) -> str:
+    """A partition of the tiny model on cpu0 and cpu1 the family can run."""
+    chunked = family(schedule).interleaved
+    return partition(schedule, ["0", "1-2", "3", "4"] if chunked else ["0-2", "3-4"], CPUS)
+
+
+# Every synchronous family (stage 0 recomputed; test_tied runs them without recompute).
+@pytest.mark.parametrize("schedule", SYNCHRONOUS)
+def test_synchronous_schedules_match_single_process(tiny: Path, schedule: str) -> None:
+    stages, m, recompute = _two_cpus(schedule), 4, (0,)
     steps, warmup, mbs = 3, 1, 2
     plan = make_plan(stages, schedule, m, mbs, recompute)
     report = run_plan(

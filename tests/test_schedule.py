@@ -5,19 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from families import BUILT, FLUSHED, GENERATED, partition, schedules
 
 from planner.cost import synthetic_profile
 from planner.errors import InputError
 from planner.plan import StageSpec, parse_stages
 from planner.profile.schema import load_profile
 from planner.schedule import (
-    SCHEDULES,
+    FAMILIES,
+    PLACEMENTS,
     Action,
     ActionType,
+    Family,
     Schedule,
     as_stream,
     build_schedule,
-    in_flight_microbatches,
+    family,
     validate_schedule,
 )
 from planner.simulate import STREAM_ITERATIONS, optimized_schedule, simulate
@@ -69,7 +72,7 @@ def test_zero_bubble_is_a_third_of_1f1b_with_equal_halves(p: int, m: int) -> Non
     assert max(zb.memory_bytes.values()) == max(ofob.memory_bytes.values())
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb", "2bw"])
+@pytest.mark.parametrize("name", GENERATED)
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 2), (3, 3)])
 def test_activations_in_flight(name: str, p: int, m: int) -> None:
     saved = 64
@@ -77,7 +80,7 @@ def test_activations_in_flight(name: str, p: int, m: int) -> None:
     result = simulate(prof, None, _chain(p), name, m)
     for s in range(p):
         held = result.memory_bytes[f"d{s}"] // saved
-        assert held == in_flight_microbatches(name, p, s, m)
+        assert held == family(name).in_flight_microbatches(p, s, m)
         if name in ("1f1b", "2bw"):
             assert held <= p - s
         if name == "gpipe":
@@ -86,17 +89,18 @@ def test_activations_in_flight(name: str, p: int, m: int) -> None:
 
 def test_every_generator_output_passes_the_full_validator() -> None:
     prof = synthetic_profile(8)
+    chunks = [str(k) for k in range(8)]
     shapes = [
         ("0-1:a;2-3:b;4-5:c;6-7:d", {}),
         ("0-2:a,b;3-5:c;6-7:d,e,f", {}),
         ("0-7:a", {}),
-        ("0:a;1:b;2:c;3:d;4:a;5:b;6:c;7:d", {"virtual_stages": 2}),
+        (None, {"virtual_stages": 2}),  # 8 chunks on 4 devices, as each family places them
     ]
     for text, kw in shapes:
-        stages = parse_stages(text)
-        names = ["interleaved"] if kw else [n for n in SCHEDULES if n != "interleaved"]
+        names = [n for n, f in FAMILIES.items() if f.interleaved == bool(kw)]
         for name in names:
-            if name == "optimized":
+            stages = parse_stages(text or partition(name, chunks, ["a", "b", "c", "d"]))
+            if family(name).searched:
                 sched = optimized_schedule(stages, 8, profile=prof, microbatch_size=1)
             else:
                 sched = build_schedule(name, stages, 8, **kw)
@@ -243,14 +247,18 @@ def test_schedule_shape_errors() -> None:
         build_schedule("interleaved", parse_stages("0:a;1:b;2:b;3:a"), 4)
 
 
+@pytest.mark.parametrize("name", schedules(interleaved=True))
 @pytest.mark.parametrize(("p", "v", "m"), [(4, 2, 8), (4, 3, 12), (2, 2, 4), (4, 2, 4), (3, 2, 9)])
-def test_interleaved_in_flight_matches_the_simulated_peak(p: int, v: int, m: int) -> None:
+def test_interleaved_in_flight_matches_the_simulated_peak(
+    name: str, p: int, v: int, m: int
+) -> None:
     prof = synthetic_profile(p * v, saved_bytes=64, param_bytes=0, optimizer_state_bytes=0)
-    stages = [StageSpec(i, (i, i), [f"d{i % p}"]) for i in range(p * v)]
-    result = simulate(prof, None, stages, "interleaved", m)
+    where = family(name).place([f"d{r}" for r in range(p)], v)
+    stages = [StageSpec(i, (i, i), [where[i]]) for i in range(p * v)]
+    result = simulate(prof, None, stages, name, m)
     for r in range(p):
         held = result.memory_bytes[f"d{r}"] // 64
-        assert held == in_flight_microbatches("interleaved", p, r, m, virtual_stages=v)
+        assert held == family(name).in_flight_microbatches(p, r, m, virtual_stages=v)
 
 
 # --- replicated stages: one schedule per pipeline replica ----------------------------------
@@ -263,7 +271,7 @@ def _replicated(p: int, r: int, per_stage: int = 1) -> list[StageSpec]:
     ]
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize("name", FLUSHED)
 @pytest.mark.parametrize(("p", "r", "m"), [(2, 2, 8), (3, 2, 6), (4, 4, 16), (2, 3, 9)])
 def test_replicas_run_one_pipeline_each(name: str, p: int, r: int, m: int) -> None:
     # r replicas of a p-stage pipeline over m microbatches take exactly as long as one
@@ -283,14 +291,14 @@ def test_replicas_run_one_pipeline_each(name: str, p: int, r: int, m: int) -> No
             assert mine == [(t, k * r + j) for t, k in ref]
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb"])
+@pytest.mark.parametrize("name", FLUSHED)
 @pytest.mark.parametrize(("p", "r", "m"), [(3, 2, 8), (4, 2, 4), (2, 4, 8)])
 def test_replicated_in_flight_matches_the_simulated_peak(name: str, p: int, r: int, m: int) -> None:
     saved = 64
     prof = synthetic_profile(p, saved_bytes=saved, param_bytes=0, optimizer_state_bytes=0)
     result = simulate(prof, None, _replicated(p, r), name, m)
     for s in range(p):
-        total = in_flight_microbatches(name, p, s, m, rounds=r)
+        total = family(name).in_flight_microbatches(p, s, m, rounds=r)
         for j in range(r):
             assert result.memory_bytes[f"d{s}_{j}"] // saved == total // r
 
@@ -315,7 +323,7 @@ def test_replica_rounds_where_they_pay_off() -> None:
     assert [k for _, _, k in per_replica_order({0: ops}, 3, 7)[0]] == list(range(14))
     # Unequal replica counts: every device still gets a valid order.
     stages = [StageSpec(0, (0, 0), ["a", "b", "c"]), StageSpec(1, (1, 1), ["d"])]
-    for name in ("gpipe", "1f1b", "zb"):
+    for name in FLUSHED:
         validate_schedule(build_schedule(name, stages, 6), stages)
         validate_schedule(build_schedule(name, stages, 7), stages)  # a round of 1 at the end
 
@@ -392,7 +400,7 @@ def test_uneven_replicas_in_flight_matches_the_simulated_peak(counts: tuple[int,
         for name in ("gpipe", "1f1b", "zb", "2bw"):
             result = simulate(prof, None, stages, name, m)
             for st in stages:
-                total = in_flight_microbatches(name, p, st.id, m, rounds=rounds)
+                total = family(name).in_flight_microbatches(p, st.id, m, rounds=rounds)
                 peak = max(result.memory_bytes[d] for d in st.devices) // saved
                 assert peak == -(-total // len(st.devices)), (name, m, st.id)
 
@@ -413,3 +421,60 @@ def test_2bw_warmup_never_outruns_its_two_weight_versions() -> None:
     sched = schedule_from_order("2bw", stages, deep, 2, iterations=4, flush=False)
     with pytest.raises(InputError, match=r"F0\.4 \(iteration 2\) comes before STEP0 of"):
         validate_schedule(sched, stages)
+
+
+# --- what a family owns --------------------------------------------------------------------
+
+
+def test_placements_loop_and_v() -> None:
+    loop, v = PLACEMENTS["loop"], PLACEMENTS["v"]
+    assert [loop(s, 3) for s in range(9)] == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    # ZB-V: down the devices and back up (zigzag for more chunks).
+    assert [v(s, 3) for s in range(9)] == [0, 1, 2, 2, 1, 0, 0, 1, 2]
+    zbv = Family("v-shaped", interleaved=True, placement="v")
+    assert zbv.place(["a", "b"], 2) == ["a", "b", "b", "a"]
+    assert family("interleaved").place(["a", "b"], 2) == ["a", "b", "a", "b"]
+    assert zbv.virtual_stages_of(parse_stages("0:a;1:b;2:b;3:a")) == 2
+    with pytest.raises(InputError, match="v-shaped: .*e.g. '0:gpu0;1:gpu1;2:gpu1;3:gpu0'"):
+        zbv.virtual_stages_of(parse_stages("0:a;1:b;2:a;3:b"))
+    with pytest.raises(InputError, match="same devices as stage s mod p"):
+        family("interleaved").virtual_stages_of(parse_stages("0:a;1:b;2:b;3:a"))
+    with pytest.raises(InputError, match="--virtual-stages 3 does not match"):
+        zbv.virtual_stages_of(parse_stages("0:a;1:b;2:b;3:a"), 3)
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_the_family_dispatches_its_own_generator(name: str) -> None:
+    fam = family(name)
+    devices = ["a", "b"] if fam.interleaved else ["a", "b", "c", "d"]
+    stages = parse_stages(partition(name, ["0", "1", "2", "3"], devices))
+    sched = build_schedule(name, stages, 4)
+    replicas = [len(s.devices) for s in stages]
+    assert sched.order == fam.order(replicas, 4, sched.virtual_stages, 1)
+    assert sched.flush == fam.flush and sched.generated
+    # Streaming is the family's answer, and it streams a schedule read back from a plan
+    # (compared with the generator once) exactly as the one built here.
+    again = Schedule.from_dict(sched.to_dict())
+    assert not again.generated
+    stream = as_stream(sched, stages, 3)
+    assert (stream is not None) == fam.streams
+    if stream is not None:
+        read = as_stream(again, stages, 3)
+        assert read is not None and read.devices == stream.devices
+
+
+def test_a_hand_made_order_of_a_streaming_family_runs_as_given() -> None:
+    stages = parse_stages("0:a;1:b")
+    # GPipe's lists under 2BW's name: valid, but not 2BW's generator (b runs F0 F1 B0 B1).
+    data = {**build_schedule("gpipe", stages, 2).to_dict(), "name": "2bw", "flush": False}
+    hand = Schedule.from_dict(data)
+    validate_schedule(hand, stages)
+    assert hand.devices != build_schedule("2bw", stages, 2).devices
+    assert as_stream(hand, stages, 3) is None
+    assert family("2bw").streams and not family("1f1b").streams
+
+
+def test_a_searched_family_is_refused_by_build_schedule() -> None:
+    for name in schedules(searched=True):
+        with pytest.raises(InputError, match="searched by simulating"):
+            build_schedule(name, _chain(2), 4)

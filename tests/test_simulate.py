@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from families import BUILT, GENERATED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from planner.cost import (
 from planner.errors import InputError
 from planner.plan import StageSpec, parse_stages
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.schedule import family
 from planner.simulate import lower_bound_ms, simulate
 from planner.topology import topology_from_dict, uniform_topology
 
@@ -140,7 +142,7 @@ def test_slower_devices_show_in_compute_time() -> None:
     )
 
 
-_SCHEDULE = st.sampled_from(["gpipe", "1f1b", "zb", "2bw"])
+_SCHEDULE = st.sampled_from(GENERATED)
 
 
 @settings(
@@ -169,7 +171,8 @@ def test_slower_links_or_devices_never_shorten_the_iteration(  # type: ignore[no
     topo = uniform_topology(n + 1, bandwidth=20e9, latency_ms=0.005)
     stages = [StageSpec(i, (bounds[i], bounds[i + 1] - 1), [f"gpu{i}"]) for i in range(n)]
     if replicate and m >= 2:
-        stages[-1].devices.append(f"gpu{n}")
+        last = stages[-1]
+        stages[-1] = StageSpec(last.id, last.layers, (*last.devices, f"gpu{n}"))
     base = simulate(prof, topo, stages, schedule, m)
     slower = topo.scaled(bandwidth=bw_factor, speed=speed_factor)
     worse = simulate(prof, slower, stages, schedule, m)
@@ -200,7 +203,7 @@ def _star(speeds: list[float], bandwidths: list[float]) -> object:
 )
 @given(
     cuts=st.lists(st.integers(1, 5), min_size=1, max_size=3, unique=True),
-    schedule=st.sampled_from(["gpipe", "1f1b", "zb", "2bw", "interleaved"]),
+    schedule=st.sampled_from(BUILT),
     m=st.sampled_from([2, 4, 6, 8]),
     which=st.integers(0, 3),
     slow_link=st.booleans(),
@@ -215,10 +218,10 @@ def test_one_slower_link_or_device_never_shortens_the_iteration(  # type: ignore
     bounds = [0, *sorted(cuts), 6]
     n = len(bounds) - 1
     devices = [f"gpu{i % 4}" for i in range(n)]
-    if schedule == "interleaved":
+    if family(schedule).interleaved:
         if n % 2 or m % (n // 2):
             return
-        devices = [f"gpu{i % (n // 2)}" for i in range(n)]
+        devices = family(schedule).place([f"gpu{i}" for i in range(n // 2)], 2)
     elif n > 4:
         return
     stages = [StageSpec(i, (bounds[i], bounds[i + 1] - 1), [devices[i]]) for i in range(n)]

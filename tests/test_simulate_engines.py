@@ -13,12 +13,13 @@ import copy
 import random
 
 import pytest
+from families import GENERATED
 
 from planner.cost import synthetic_profile
 from planner.errors import InputError
 from planner.plan import StageSpec
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
-from planner.schedule import Schedule, build_schedule, schedule_from_order
+from planner.schedule import Schedule, build_schedule, family, schedule_from_order
 from planner.simulate import STREAM_ITERATIONS, SimResult, simulate, simulate_schedule
 from planner.simulate.program import compile_programs
 from planner.simulate.shapes import SHAPES, CompiledShape
@@ -68,12 +69,12 @@ def _same(a: SimResult, b: SimResult) -> None:
 
 
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("schedule", ["1f1b", "zb", "2bw"])
+@pytest.mark.parametrize("schedule", GENERATED)
 def test_starting_transfers_at_their_send_changes_nothing(seed: int, schedule: str) -> None:
     # The event engine over a topology, with transfers started at their send (the
     # default) and in a pass after every device has run as far as it can.
     profile, stages, topo, m = _case(seed)
-    iterations = STREAM_ITERATIONS if schedule == "2bw" else 1
+    iterations = STREAM_ITERATIONS if family(schedule).streams else 1
     sched = build_schedule(schedule, stages, m, iterations=iterations)
     tables = stage_tables(profile, topo, stages, sched, 1, None)
     total_mb = m * iterations
@@ -160,7 +161,7 @@ def _in_order_case(seed: int) -> tuple[Profile, list[StageSpec], object, int]:
 
 
 @pytest.mark.parametrize("seed", range(16))
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "2bw", "written"])
+@pytest.mark.parametrize("schedule", [*GENERATED, "written"])
 def test_the_pass_in_reference_order_gives_the_event_loops_results(
     seed: int, schedule: str
 ) -> None:

@@ -6,18 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
+from families import BUILT, GENERATED, partition
 
 from planner.cli import main
 from planner.cost import stage_step_ms, synthetic_profile
 from planner.plan import parse_stages
 from planner.profile import load_profile
+from planner.schedule import family
 from planner.simulate import lower_bound_ms, simulate
 from planner.topology import uniform_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "2bw"])
+@pytest.mark.parametrize("schedule", GENERATED)
 def test_one_stage_iteration_grows_by_exactly_the_step(schedule: str) -> None:
     with_step = synthetic_profile(4, forward_ms=1.25, optimizer_ms=0.375)
     without = synthetic_profile(4, forward_ms=1.25)
@@ -57,8 +59,9 @@ def test_lower_bound_counts_each_devices_steps() -> None:
     # Each device: 8 microbatches x (2 forward + 4 backward) + one step over 2 layers.
     assert lower_bound_ms(prof, None, stages, 8, 1, flush=False) == 8 * 6.0 + 0.5
     assert lower_bound_ms(prof, None, stages, 8, 1, flush=False, step_ms=0.0) == 48.0
-    for schedule in ("gpipe", "1f1b", "zb", "2bw", "interleaved"):
-        spec = "0:a;1:b;2:a;3:b" if schedule == "interleaved" else "0-1:a;2-3:b"
+    for schedule in BUILT:
+        ranges = ["0", "1", "2", "3"] if family(schedule).interleaved else ["0-1", "2-3"]
+        spec = partition(schedule, ranges, ["a", "b"])
         r = simulate(prof, None, parse_stages(spec), schedule, 8)
         assert r.lower_bound_ms <= r.iteration_ms + 1e-9, schedule
 

@@ -7,11 +7,13 @@ import itertools
 from pathlib import Path
 
 import pytest
+from families import BUILT
 from test_dp import random_profile
 
 from planner.errors import InfeasibleError, InputError
 from planner.plan import Plan, StageSpec
 from planner.profile import Layer, LayerTiming, Measurement, Profile
+from planner.schedule import family
 from planner.simulate import simulate
 from planner.solve import SolveOptions, solve
 from planner.topology import Topology, load_topology, topology_from_dict, uniform_topology
@@ -287,7 +289,7 @@ def test_deterministic() -> None:
 def test_plan_round_trips_and_resimulates(tmp_path: Path) -> None:
     topo = small_hetero()
     profile = random_profile(6, 3, sizes=(1, 2))
-    plan = solve(profile, topo, microbatches=4, time_limit=10)
+    plan = solve(profile, topo, num_microbatches=4, time_limit=10)
     path = tmp_path / "plan.json"
     plan.save(path)
     loaded = Plan.load(path)
@@ -321,10 +323,10 @@ def test_infeasible_single_layer_is_named() -> None:
     ("kwargs", "pattern"),
     [
         ({"global_batch": 7}, "not divisible by any profiled microbatch size"),
-        ({"global_batch": 8, "microbatches": 3}, "not divisible by 3 microbatches"),
+        ({"global_batch": 8, "num_microbatches": 3}, "not divisible by 3 microbatches"),
         ({"time_limit": 0}, "positive number of seconds"),
         ({"time_limit": -1.0}, "positive number of seconds"),
-        ({"microbatches": 0}, "positive integer"),
+        ({"num_microbatches": 0}, "positive integer"),
         ({"schedule": "fast"}, "unknown schedule"),
     ],
 )
@@ -334,13 +336,13 @@ def test_bad_arguments(kwargs: dict[str, object], pattern: str) -> None:
         solve(profile, uniform_topology(2), **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb", "interleaved", "2bw"])
+@pytest.mark.parametrize("schedule", BUILT)
 def test_requested_schedule_is_used(schedule: str) -> None:
     profile = _pipeline_profile(n=12, param_mib=2000)
     topo = uniform_topology(4, memory_bytes=24 * 2**30)
     plan = solve(profile, topo, global_batch=32, schedule=schedule, time_limit=5)
     assert plan.schedule.name == schedule
-    if schedule == "interleaved":
+    if family(schedule).interleaved:
         v = plan.schedule.virtual_stages
         assert v in (2, 3, 4)
         assert len(plan.stages) == v * len({tuple(s.devices) for s in plan.stages})
@@ -353,7 +355,7 @@ def test_plan_says_when_its_prediction_includes_the_optimizer_step() -> None:
 
     profile = load_profile(ROOT / "profiles" / "mlp.json")  # has per-layer optimizer_ms
     topo = load_topology(ROOT / "topologies" / "cpu.yaml")
-    plan = solve(profile, topo, microbatches=4, time_limit=10)
+    plan = solve(profile, topo, num_microbatches=4, time_limit=10)
     steps = plan.predicted.step_ms
     assert len(steps) == len(plan.stages) and all(x > 0 for x in steps)
     # The same prediction the simulator makes for the plan, step included.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from families import SYNCHRONOUS, partition
 from test_runtime import check_same, hard_timeout, make_plan, reference  # noqa: F401
 
 from planner.cost import (
@@ -32,7 +33,7 @@ from planner.profile.measure import profile_model
 from planner.profile.split import split_model
 from planner.runtime import run_plan
 from planner.runtime.tied import own_copies
-from planner.schedule import build_schedule
+from planner.schedule import build_schedule, family
 from planner.schedule.actions import Action, ActionType
 from planner.schedule.tied import defer_tied_steps
 from planner.simulate import simulate, tied_exchange_ms
@@ -273,13 +274,20 @@ def test_simulator_times_the_deferred_steps() -> None:
     assert early[2] < ends[("B", 0, 3)]
 
 
+def _tied_run(schedule: str) -> tuple[str, str, int, dict[str, Any]]:
+    # Two chunks per device (interleaved, loop-placed): cpu0 holds stages 0 and 2, which
+    # share blocks.0.fc.weight; the embedding is shared between stage 0 and stage 3 on
+    # the other device. One stage per device: the embedding crosses the cut.
+    # An odd number of microbatches where the family allows it (chunks need a multiple of
+    # the devices).
+    chunked = family(schedule).interleaved
+    ranges = ["0-1", "2", "3", "4-5"] if chunked else ["0-2", "3-5"]
+    return (schedule, partition(schedule, ranges, ["cpu0", "cpu1"]), 4 if chunked else 3, {})
+
+
+# Every synchronous family, then a replicated holder stage and shared mode under 1F1B.
 RUNS = [
-    ("gpipe", "0-1:cpu0;2-5:cpu1", 4, {}),
-    ("1f1b", "0-2:cpu0;3-5:cpu1", 4, {}),
-    # cpu0 holds stages 0 and 2, which share blocks.0.fc.weight; the embedding is shared
-    # between cpu0 (stage 0) and cpu1 (stage 3).
-    ("interleaved", "0-1:cpu0;2:cpu1;3:cpu0;4-5:cpu1", 4, {}),
-    ("zb", "0-2:cpu0;3-5:cpu1", 3, {}),
+    *(_tied_run(name) for name in SYNCHRONOUS),
     ("1f1b", "0-2:cpu0,cpu1;3-5:cpu2", 4, {}),  # a replicated holder stage
     # shared mode: cpu0 and cpu1 (both hold blocks.0.fc.weight) are one process.
     ("1f1b", "0-1:cpu0;2-3:cpu1;4-5:cpu2", 3, {"device_map": "cpu0=0,cpu1=0,cpu2=1"}),
@@ -289,7 +297,7 @@ RUNS = [
 @pytest.mark.parametrize(
     ("schedule", "stages", "m", "extra"),
     RUNS,
-    ids=["gpipe", "1f1b", "interleaved", "zb", "replicated", "shared"],
+    ids=[*SYNCHRONOUS, "replicated", "shared"],
 )
 def test_tied_training_equals_one_process(
     schedule: str, stages: str, m: int, extra: dict[str, Any]

@@ -94,7 +94,7 @@ def _solve_step(ctx: DemoContext) -> None:
     plan = solve(
         profile,
         topology,
-        microbatches=2 * len(topology.devices),
+        num_microbatches=2 * len(topology.devices),
         time_limit=20,
         profile_path=str(ctx.results["profile_path"]),
         topology_path=str(topology_path),

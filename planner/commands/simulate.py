@@ -60,7 +60,7 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         for sid in recompute:
             if not 0 <= sid < len(stages):
                 raise InputError(f"stage {sid} does not exist", field="--recompute")
-            stages[sid].recompute = True
+            stages[sid] = stages[sid].with_recompute(True)
         return stages
     return parse_stages(text, recompute=recompute)
 
@@ -130,11 +130,11 @@ def _plan_microbatch_size(schedule: str) -> int | None:
 
 def _marked(stages: list[StageSpec], recompute: list[int]) -> list[StageSpec]:
     """A copy of a plan's stages with ``--recompute`` ids switched on."""
-    out = [StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages]
+    out = list(stages)
     for sid in recompute:
         if not 0 <= sid < len(out):
             raise InputError(f"stage {sid} does not exist", field="--recompute")
-        out[sid].recompute = True
+        out[sid] = out[sid].with_recompute(True)
     return out
 
 

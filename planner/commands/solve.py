@@ -80,7 +80,7 @@ def solve_command(
         prof,
         topo,
         global_batch=global_batch,
-        microbatches=microbatches,
+        num_microbatches=microbatches,
         schedule=schedule,
         time_limit=time_limit,
         profile_path=str(profile),

@@ -16,18 +16,21 @@ from typing import Any
 from planner.errors import InputError
 from planner.schedule.actions import COMPUTE, Action, ActionType, Schedule
 from planner.schedule.expand import ComputeOp
-from planner.schedule.families import FAMILIES, Family, family, is_interleaved
-from planner.schedule.gpipe import gpipe_order
-from planner.schedule.interleaved import interleaved_order
-from planner.schedule.onef1b import default_warmup, onef1b_order
-from planner.schedule.replicas import per_replica_order, replica_round, round_count
+from planner.schedule.families import (
+    FAMILIES,
+    PLACEMENTS,
+    Family,
+    device_groups,
+    family,
+    is_interleaved,
+)
 from planner.schedule.validate import validate_order, validate_schedule
-from planner.schedule.zerobubble import zb_order
-from planner.stages import StageSpec
+from planner.stages import StageSpec, refuse_tensor_parallel
 
 __all__ = [
     "COMPUTE",
     "FAMILIES",
+    "PLACEMENTS",
     "SCHEDULES",
     "Family",
     "Action",
@@ -39,48 +42,12 @@ __all__ = [
     "device_groups",
     "family",
     "is_interleaved",
-    "in_flight_microbatches",
     "schedule_from_order",
     "validate_order",
     "validate_schedule",
 ]
 
 SCHEDULES = tuple(FAMILIES)  # gpipe, 1f1b, interleaved, zb, 2bw, optimized
-
-
-def device_groups(stages: Sequence[StageSpec]) -> list[tuple[str, ...]]:
-    """The pipeline ranks: distinct device lists in stage order.
-
-    Example::
-
-        device_groups(parse_stages("0-1:gpu0;2-3:gpu1;4-5:gpu0;6-7:gpu1"))  # 2 ranks
-    """
-    groups: list[tuple[str, ...]] = []
-    for stage in stages:
-        group = tuple(stage.devices)
-        if group not in groups:
-            groups.append(group)
-    return groups
-
-
-def _virtual_stages(stages: Sequence[StageSpec], requested: int) -> int:
-    groups = device_groups(stages)
-    p = len(groups)
-    v = len(stages) // p
-    if p * v != len(stages) or any(tuple(s.devices) != groups[i % p] for i, s in enumerate(stages)):
-        raise InputError(
-            "the interleaved schedule needs stage s on the same devices as stage s mod p "
-            f"(p = {p} device groups, {len(stages)} stages); e.g. "
-            "'0-1:gpu0;2-3:gpu1;4-5:gpu0;6-7:gpu1'",
-            field="stages",
-        )
-    if requested > 1 and requested != v:
-        raise InputError(
-            f"--virtual-stages {requested} does not match the partition: {len(stages)} "
-            f"stages on {p} device groups give {v} virtual stages per device",
-            field="virtual_stages",
-        )
-    return v
 
 
 def schedule_from_order(
@@ -136,24 +103,19 @@ def build_schedule(
     """
     m = num_microbatches
     v = checked_virtual_stages(name, stages, m, virtual_stages)
-    p = len(stages)
-    if family(name).searched:
-        raise InputError(
-            f"the {name} schedule is searched by simulating; build it with "
-            "planner.simulate.order_search.optimized_schedule",
-            field="schedule",
-        )
-    groups = tuple(tuple(st.devices) for st in stages)
-    order = _validated_order(name, m, v, iterations, groups)
+    fam = family(name)
+    groups = tuple(st.devices for st in stages)
+    order = _validated_order(name, m, v, iterations, groups)  # refuses a searched family
     return Schedule(
         name,
-        p,
+        len(stages),
         m,
         virtual_stages=v,
-        flush=family(name).flush,
+        flush=fam.flush,
         iterations=iterations,
         order=order,
         stages=stages,
+        generated=True,
     )
 
 
@@ -167,16 +129,14 @@ def checked_virtual_stages(
         checked_virtual_stages("interleaved", stages, 8, 2)   # 2
         checked_virtual_stages("1f1b", stages, 8)             # 1
     """
-    if name not in SCHEDULES:
-        raise InputError(
-            f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
-        )
+    fam = family(name)  # one message naming the known schedules
     m = num_microbatches
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise InputError(
             f"expected a positive number of microbatches, got {m!r}", field="num_microbatches"
         )
     for stage in stages:
+        refuse_tensor_parallel(stage)
         if len(stage.devices) > m:
             raise InputError(
                 f"stage {stage.id} has {len(stage.devices)} replicas but there are only {m} "
@@ -184,8 +144,8 @@ def checked_virtual_stages(
                 field="num_microbatches",
             )
     v = 1
-    if family(name).interleaved:
-        v = _virtual_stages(stages, virtual_stages)
+    if fam.interleaved:
+        v = fam.virtual_stages_of(stages, virtual_stages)
     elif virtual_stages > 1:
         raise InputError(
             f"virtual stages are only used by the interleaved schedule, not {name!r}",
@@ -198,132 +158,42 @@ def checked_virtual_stages(
 def _validated_order(
     name: str, m: int, v: int, iterations: int, groups: tuple[tuple[str, ...], ...]
 ) -> dict[int, list[ComputeOp]]:
-    """Generate and validate a named order; cached because the solver simulates many
-    partitions of the same shape (the order depends only on the devices, not the layers)."""
-    p = len(groups)
-    # Replicated stages: one schedule per pipeline replica (see planner.schedule.replicas),
-    # over ceil(M / rounds) rounds per iteration.
-    rounds = _rounds(name, replica_round([len(g) for g in groups], m), m, v, p)
-    n = round_count(m, rounds)
-    if family(name).interleaved:
-        base = onef1b_order(p, n) if v == 1 else interleaved_order(p // v, v, n)
-        order = per_replica_order(base, rounds, m)
-    elif not family(name).flush:
-        # 2bw: the 1F1B order as one continuous stream of iterations. A warm-up deeper than
-        # an iteration would run the forwards of iteration i + 2 before iteration i's step
-        # made their weights (2BW keeps two versions), so it is capped at one iteration.
-        warmup = [min(default_warmup(p, s), n) for s in range(p)]
-        base = onef1b_order(p, n, warmup=warmup, iterations=iterations)
-        order = per_replica_order(base, rounds, m)
-    else:
-        flushed = {"gpipe": gpipe_order, "1f1b": onef1b_order, "zb": zb_order}
-        order = _repeat(per_replica_order(flushed[name](p, n), rounds, m), m, iterations)
-    shape = [StageSpec(i, (i, i), list(devs)) for i, devs in enumerate(groups)]
+    """The family's order for these device groups (one per stage), validated; cached
+    because the solver simulates many partitions of the same shape (the order depends
+    only on the devices, not the layers)."""
+    order = family(name).order([len(g) for g in groups], m, v, iterations)
+    shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
     validate_order(order, shape, m * iterations)
     return order
 
 
-def _rounds(name: str, rounds: int, m: int, v: int, p: int) -> int:
-    """Microbatches per round that ``name``'s order uses, given
-    :func:`~planner.schedule.replicas.replica_round`'s ``rounds`` for a pipeline of ``p``
-    stages (interleaved: ``p`` device groups times ``v`` chunks). The interleaved order
-    keeps rounds only where they divide ``M`` into a multiple of the device groups; 2bw
-    only where an iteration has the ``p - 1`` rounds its deepest warm-up needs."""
-    if rounds <= 1:
-        return 1
-    if family(name).interleaved and (m % rounds or (v > 1 and (m // rounds) % (p // v))):
-        return 1
-    if not family(name).flush and round_count(m, rounds) < p - 1:
-        return 1
-    return rounds
-
-
-def _repeat(
-    order: dict[int, list[ComputeOp]], m: int, iterations: int
-) -> dict[int, list[ComputeOp]]:
-    """The same order ``iterations`` times (with a flush between), microbatches renumbered."""
-    if iterations == 1:
-        return order
-    return {
-        rank: [(kind, s, k + i * m) for i in range(iterations) for kind, s, k in ops]
-        for rank, ops in order.items()
-    }
-
-
-def in_flight_microbatches(
-    name: str,
-    num_stages: int,
-    stage_index: int,
-    num_microbatches: int,
-    *,
-    virtual_stages: int = 1,
-    rounds: int = 1,
-) -> int:
-    """Microbatches whose activations a stage holds at its peak under a schedule, over
-    all its replicas.
-
-    For ``interleaved`` ``num_stages`` is the number of devices ``p``, ``stage_index``
-    the device rank, and the count is chunk-microbatches over all ``v`` chunks of that
-    device (each chunk's activations are ``1/v`` of the device's share). ``optimized``
-    returns 1F1B's count, the depth its search starts from. ``rounds``: microbatches per
-    round where replicated stages run one schedule per replica
-    (:func:`planner.schedule.replicas.replica_round`): each replica then holds what one
-    pipeline over ``M / rounds`` microbatches holds (the last round of an iteration holds
-    fewer where ``rounds`` does not divide ``M``).
-
-    Example::
-
-        in_flight_microbatches("1f1b", 4, 0, 8)             # 4
-        in_flight_microbatches("1f1b", 4, 0, 8, rounds=2)   # 8: 4 on each of 2 replicas
-    """
-    p, s, m = num_stages, stage_index, num_microbatches
-    if family(name).searched:
-        return min(p - s, m)
-    v = virtual_stages
-    r = _rounds(name, rounds if rounds <= m else 1, m, v, p * v)  # as build_schedule's
-    n = round_count(m, r)  # rounds per iteration; the last may hold fewer than r
-    if not family(name).flush:
-        # No flush: the next iteration's microbatches keep the pipeline full; the warm-up
-        # is capped at one iteration, so w + 1 consecutive rounds of the stream are held.
-        held = min(p - s, n + 1)
-        return held * r if held < n else m + (held - n) * r
-    if name == "gpipe":
-        return m
-    if name == "1f1b":
-        return min((p - s) * r, m)
-    if name == "zb":
-        return min(p * r, m)
-    if name == "interleaved":
-        if v == 1:
-            return min((p - s) * r, m)
-        return min(2 * (p - s - 1) + (v - 1) * p + 1, n * v) * r
-    raise InputError(
-        f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}", field="schedule"
-    )
-
-
 def as_stream(schedule: Schedule, stages: Sequence[StageSpec], iterations: int) -> Schedule | None:
-    """A schedule without a flush, as the continuous stream of ``iterations`` iterations its
-    generator makes (iteration i + 1 starts while i drains); None for a flushing schedule,
-    one that already lists several iterations, or lists that are not the generator's (a
-    hand-made order runs, and is timed, as given, one iteration at a time).
+    """A schedule of a family that streams (:attr:`Family.streams`: no flush), as the
+    continuous stream of ``iterations`` iterations its generator makes (iteration i + 1
+    starts while i drains); None for a family that does not stream, a schedule that
+    already lists several iterations, or lists that are not the generator's (a hand-made
+    order runs, and is timed, as given, one iteration at a time). Lists
+    :func:`build_schedule` made are the generator's; others (read from a file) are
+    compared with it once.
 
     Example::
 
         stream = as_stream(plan.schedule, plan.stages, 10)   # 2bw: 10 overlapping iterations
     """
-    if schedule.flush or schedule.iterations != 1 or schedule.name not in FAMILIES:
+    fam = FAMILIES.get(schedule.name)
+    if fam is None or not fam.streams or schedule.flush or schedule.iterations != 1:
         return None
-    if family(schedule.name).searched:
-        return None
-    again = build_schedule(schedule.name, stages, schedule.num_microbatches)
-    if schedule.order is not None:
-        same = schedule.order == again.order
-    else:
-        same = _lists(schedule) == _lists(again)
-    if not same:
+    if not schedule.generated and not _generated(schedule, stages):
         return None
     return build_schedule(schedule.name, stages, schedule.num_microbatches, iterations=iterations)
+
+
+def _generated(schedule: Schedule, stages: Sequence[StageSpec]) -> bool:
+    """Whether ``schedule``'s lists are what its family's generator makes for ``stages``."""
+    again = build_schedule(schedule.name, stages, schedule.num_microbatches)
+    if schedule.order is not None:
+        return schedule.order == again.order
+    return _lists(schedule) == _lists(again)
 
 
 def _lists(schedule: Schedule) -> dict[str, list[str]]:

@@ -33,7 +33,9 @@ class Schedule:
     overlap; ``iterations`` says how many iterations the lists contain (normally 1).
     Generated schedules keep their compact per-rank compute ``order`` and expand the
     device lists (with sends, receives, all-reduces and steps) only when asked, so the
-    solver's simulation loop never builds them.
+    solver's simulation loop never builds them. ``generated``: the lists are what the named
+    family's generator makes (:func:`planner.schedule.build_schedule` says so; it is not
+    written to a plan, so a schedule read from one is not assumed to be).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class Schedule:
         meta: dict[str, Any] | None = None,
         order: dict[int, list[tuple[str, int, int]]] | None = None,
         stages: Sequence[Any] | None = None,
+        generated: bool = False,
     ):
         if devices is None and (order is None or stages is None):
             raise ValueError("a Schedule needs device lists or an order with its stages")
@@ -62,6 +65,7 @@ class Schedule:
         self.order = order
         self.stages = list(stages) if stages is not None else None
         self._devices = devices
+        self.generated = generated
 
     @property
     def devices(self) -> dict[str, list[Action]]:

@@ -58,8 +58,9 @@ Example::
 
 from __future__ import annotations
 
+from planner.shape import PlanShape
 from planner.simulate.bounds import lower_bound_ms
-from planner.simulate.iteration import STREAM_ITERATIONS, PlanShape, simulate, simulate_shape
+from planner.simulate.iteration import STREAM_ITERATIONS, simulate, simulate_shape
 from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimEvent, SimResult, TransferEvent
 from planner.simulate.tables import overflow_agreement_ms, tied_exchange_ms

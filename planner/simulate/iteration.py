@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
@@ -27,6 +27,7 @@ from planner.schedule import (
     is_interleaved,
     validate_schedule,
 )
+from planner.shape import PlanShape
 from planner.simulate.bounds import lower_bound_ms
 from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimResult, bubble
@@ -34,7 +35,7 @@ from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
 from planner.stages import StageSpec, as_stages, validate_stages
 from planner.topology import Topology, load_topology
 
-__all__ = ["STREAM_ITERATIONS", "PlanShape", "simulate", "simulate_shape"]
+__all__ = ["STREAM_ITERATIONS", "simulate", "simulate_shape"]
 
 # A no-flush schedule (2bw) is timed as the average iteration of a stream this long: the
 # pipeline fills and drains once per stream. (Differences of two stream lengths estimate
@@ -116,33 +117,19 @@ def simulate(
     return result
 
 
-class PlanShape(Protocol):
-    """What a search proposes: stages, schedule and microbatching (a solver candidate, a
-    tuned peer's configuration)."""
-
-    @property
-    def schedule(self) -> str: ...
-    @property
-    def num_microbatches(self) -> int: ...
-    @property
-    def microbatch_size(self) -> int: ...
-    @property
-    def virtual_stages(self) -> int: ...
-    def specs(self) -> list[StageSpec]: ...
-
-
 def simulate_shape(profile: Profile, topology: Topology | None, shape: PlanShape) -> SimResult:
-    """:func:`simulate` of a search's proposal without events: the inner loop of the solver
-    and of the tuned peers. Raises InputError when the schedule cannot run that shape.
+    """:func:`simulate` of a :class:`~planner.shape.PlanShape` without events: the inner
+    loop of the solver and of the tuned peers. Raises InputError when the schedule cannot
+    run that shape.
 
     Example::
 
-        simulate_shape(profile, topology, candidate).iteration_ms
+        simulate_shape(profile, topology, shape).iteration_ms
     """
     return simulate(
         profile,
         topology,
-        shape.specs(),
+        list(shape.stages),
         schedule=shape.schedule,
         num_microbatches=shape.num_microbatches,
         microbatch_size=shape.microbatch_size,

@@ -8,8 +8,8 @@ The search, for every profiled microbatch size that fits the requested batch:
    orderings from :mod:`planner.partition.mapping`, for every number of stages and uniform
    replication degree; on heterogeneous devices or networks the **ILP**
    (:mod:`planner.partition.ilp`) for joint partition + mapping, warm-started from the DP;
-   and the **baselines** (uniform, parameter-, time-balanced, PipeDream), placed in device
-   order.
+   and the **peers** (:mod:`planner.solve.peers`: each tuned over its users' sweep, and the
+   peer defaults in device order), scored by the same search.
 3. The simulator times the most promising candidates (recompute settled by its memory:
    on exactly where a device would overflow), a **local search** (move cuts, swap, replace,
    add, reorder or move replicas, split, merge) improves the best few, and every allowed
@@ -19,12 +19,15 @@ The search, for every profiled microbatch size that fits the requested batch:
 Everything is deterministic: fixed iteration orders, evaluation budgets counted in
 simulations (never wall time), ties broken on the plan itself, CBC single-threaded.
 
-The modules, bottom to top: ``options`` (:class:`SolveOptions`, the fixed sizes),
-``candidate`` (``Candidate``, ``Scored``), ``memory`` (in-flight microbatches, recompute),
-``search`` (``Search``: the cache and evaluation), ``arguments``, ``exhaustive``,
-``dp_candidates``, ``recut`` (re-cuts over fixed groups, interleaved), ``grid``,
-``ilp_candidate``, ``local`` (local search), ``peer_report`` (the peers, their seeds and
-rows), ``own_search``, ``infeasible``, ``to_plan``, ``entry`` (:func:`solve`).
+The modules, bottom to top: ``options`` (:class:`SolveOptions`, the fixed sizes), ``scored``
+(``Scored``: a simulated :class:`~planner.shape.PlanShape`), ``memory`` (in-flight
+microbatches, recompute), ``bounds`` (lower bounds per plan), ``search`` (``Search``: the
+one cache, fits check and bound that score every shape, the search's and the peers'),
+``arguments``, ``exhaustive``, ``dp_candidates``, ``recut`` (re-cuts over fixed groups,
+interleaved), ``grid``, ``ilp_candidate``, ``local`` (local search), ``own_search``;
+``peer_partitions`` (the peers' partitioners, cached and placed), ``peers`` (each peer a
+generator of plan shapes), ``peer_report`` (the peers, their seeds and rows);
+``infeasible``, ``to_plan``, ``entry`` (:func:`solve`).
 
 Example::
 

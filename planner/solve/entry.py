@@ -4,7 +4,7 @@ simulated and their plans as seeds, the best plan that fits returned as a
 
 Example::
 
-    plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", microbatches=8)
+    plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", num_microbatches=8)
     plan.predicted.iteration_ms, [s.layers for s in plan.stages]
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 from planner.errors import InputError
 from planner.plan import Plan
@@ -19,11 +20,11 @@ from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
 from planner.schedule.families import family
 from planner.solve.arguments import batch_settings, check_args
-from planner.solve.candidate import Scored
 from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
 from planner.solve.options import AUTO_SCHEDULES, SolveOptions
 from planner.solve.own_search import own_search
 from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
+from planner.solve.scored import Scored
 from planner.solve.search import Search
 from planner.solve.to_plan import to_plan
 from planner.topology import Topology, as_topology
@@ -36,28 +37,29 @@ def solve(
     topology: Topology | str | os.PathLike[str],
     *,
     global_batch: int | None = None,
-    microbatches: int | None = None,
     num_microbatches: int | None = None,
     schedule: str = "auto",
     time_limit: float = 60.0,
     profile_path: str | None = None,
     topology_path: str | None = None,
     options: SolveOptions | None = None,
+    microbatches: int | None = None,
 ) -> Plan:
     """The fastest plan (by the simulator) whose every device fits in its memory.
 
     ``global_batch`` fixes the samples per iteration (the microbatch size is searched over
-    the profiled sizes that divide it); ``microbatches`` fixes the number of microbatches
-    (the size is searched, the objective is then time per sample; ``num_microbatches`` is
-    the same, spelled as ``simulate`` spells it); neither: ``2 x devices``
-    microbatches. ``time_limit`` bounds the ILP. Raises :class:`InfeasibleError` with the
-    memory that would be needed when nothing fits.
+    the profiled sizes that divide it); ``num_microbatches`` fixes the number of
+    microbatches (the size is searched, the objective is then time per sample; the plan
+    JSON's and ``simulate``'s name); neither: ``2 x devices`` microbatches. ``time_limit``
+    bounds the ILP. Raises :class:`InfeasibleError` with the memory that would be needed
+    when nothing fits. ``microbatches`` is the old name of ``num_microbatches``: it still
+    works, with a DeprecationWarning, for one release.
 
     Example::
 
         plan = solve(load_profile("profiles/mlp.json"), load_topology("topologies/nvlink.yaml"),
                      global_batch=64, schedule="auto", time_limit=10)
-        plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", microbatches=8)
+        plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", num_microbatches=8)
         plan.save("plan.json")
     """
     clock = time.perf_counter()
@@ -66,22 +68,16 @@ def solve(
     if isinstance(topology, str | os.PathLike):
         topology_path = topology_path or str(topology)
     profile, topology = as_profile(profile), as_topology(topology)
-    if num_microbatches is not None:
-        if microbatches is not None and microbatches != num_microbatches:
-            raise InputError(
-                "give microbatches or num_microbatches (the same thing), not both",
-                field="num_microbatches",
-            )
-        microbatches = num_microbatches
+    num_microbatches = _renamed(microbatches, num_microbatches)
     opts = options or SolveOptions()
-    check_args(topology, global_batch, microbatches, schedule, time_limit)
+    check_args(topology, global_batch, num_microbatches, schedule, time_limit)
     if schedule != "auto":
         check_fp16_schedule(profile.precision, schedule, family(schedule).flush, field="--schedule")
-    settings = batch_settings(profile, global_batch, microbatches, len(topology.devices))
+    settings = batch_settings(profile, global_batch, num_microbatches, len(topology.devices))
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
     search = Search(profile, topology, opts, time_limit)
     own = own_search(search, settings, schedules, clock)
-    final = [x for x in own if x.cand.schedule in schedules]
+    final = [x for x in own if x.shape.schedule in schedules]
     peers: PeerReport | None = None
     if opts.baselines:
         peers = peer_report(search, settings, schedule)
@@ -91,7 +87,7 @@ def solve(
             raise nothing_fits(profile, topology, settings)
         raise schedule_does_not_fit(schedule)
     best = min(final, key=Scored.key)
-    mine = [x for x in own if x.cand.schedule in schedules and x.fits]
+    mine = [x for x in own if x.shape.schedule in schedules and x.fits]
     return to_plan(
         search,
         best,
@@ -101,3 +97,21 @@ def solve(
         time.perf_counter() - clock,
         unseeded=min(mine, key=Scored.key) if mine else None,
     )
+
+
+def _renamed(microbatches: int | None, num_microbatches: int | None) -> int | None:
+    """``num_microbatches``, or the deprecated ``microbatches`` (with a warning)."""
+    if microbatches is None:
+        return num_microbatches
+    warnings.warn(
+        "solve(microbatches=...) is deprecated; use num_microbatches=... (the plan's and "
+        "simulate's name for it)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if num_microbatches is not None and microbatches != num_microbatches:
+        raise InputError(
+            "give num_microbatches (or its old name microbatches), not both",
+            field="num_microbatches",
+        )
+    return microbatches

@@ -17,8 +17,8 @@ import math
 from collections.abc import Iterator, Sequence
 
 from planner.schedule.families import family
-from planner.solve.candidate import Scored
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["exhaustive", "exhaustive_size"]
 
@@ -78,6 +78,6 @@ def exhaustive(
             for s in range(1, min(n, len(names)) + 1):
                 for ranges in _partitions(n, s):
                     for groups in _device_groupings(names, s):
-                        cand = make_candidate(search, ranges, groups, sched, mb, m)
+                        cand = make_shape(search, ranges, groups, sched, mb, m)
                         out.append(search.evaluate(cand, "exhaustive"))
     return out

@@ -18,19 +18,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from planner.partition.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_ms
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
+from planner.solve.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_ms
 from planner.solve.dp_candidates import DpCand
 from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, VIRTUAL_CHUNKS
 from planner.solve.recut import interleaved, recut
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["by_bound", "grid_interleaved", "grid_shapes"]
 
 
 def grid_shapes(
     search: Search, cands: Sequence[DpCand], schedule: str, mb: int, m: int
-) -> list[Candidate]:
+) -> list[PlanShape]:
     """The sweep a practitioner runs, with the DP's partitions: for every pipeline depth
     ``d`` and ``N / d`` replicas per stage that use all ``N`` devices, the DP's best
     estimate over the device orderings tried, and its compute-only split
@@ -42,7 +43,7 @@ def grid_shapes(
     """
     total = len(search.topology.devices)
     seen: set[tuple[int, int]] = set()
-    out: list[Candidate] = []
+    out: list[PlanShape] = []
     for c in cands:  # best estimate first
         shape = (len(c.groups), len(c.groups[0]))
         if shape[0] * shape[1] != total or shape in seen:
@@ -50,25 +51,24 @@ def grid_shapes(
         if any(len(g) != shape[1] for g in c.groups):
             continue
         seen.add(shape)
-        out.append(
-            make_candidate(search, c.ranges, c.groups, schedule, mb, m, recompute=c.recompute)
-        )
+        out.append(make_shape(search, c.ranges, c.groups, schedule, mb, m, recompute=c.recompute))
         out.extend(recut(search, c.groups, schedule, mb, m, full=False))
     return out
 
 
 def grid_interleaved(
-    search: Search, grid: Sequence[Candidate], scored: Sequence[Scored]
-) -> list[Candidate]:
-    """Interleaved re-cuts of the grid's 1F1B pipelines whose busiest device (compute,
+    search: Search, grid: Sequence[PlanShape], scored: Sequence[Scored], schedule: str
+) -> list[PlanShape]:
+    """Re-cuts under ``schedule`` (a family with several chunks per device, e.g.
+    interleaved) of the grid's 1F1B pipelines whose busiest device (compute,
     all-reduce, step) could still beat the best plan found, the most promising
     :data:`planner.solve.options.INTERLEAVED_SEEDS` first: by the busy time plus the fill
-    and drain (:func:`planner.partition.bounds.pipeline_bound_ms`) shrunk by the most chunks
+    and drain (:func:`planner.solve.bounds.pipeline_bound_ms`) shrunk by the most chunks
     per device the layers allow, as interleaving shrinks it.
 
     Example::
 
-        grid_interleaved(search, grid, scored)
+        grid_interleaved(search, grid, scored, "interleaved")
     """
     best = min((x.per_sample_ms for x in scored if x.fits), default=math.inf)
     n = search.profile.num_layers
@@ -77,7 +77,13 @@ def grid_interleaved(
         p = len(c.stages)
         if c.schedule != INTERLEAVED_BASE or p < 2 or n < 2 * p:
             continue
-        args = (search.profile, search.topology, c.specs(), c.num_microbatches, c.microbatch_size)
+        args = (
+            search.profile,
+            search.topology,
+            list(c.stages),
+            c.num_microbatches,
+            c.microbatch_size,
+        )
         busy = busy_bound_ms(*args)
         if busy / c.samples >= best:
             continue
@@ -87,21 +93,21 @@ def grid_interleaved(
     ranked.sort(key=lambda x: (x[0], x[1]))
     scale = len(search.topology.devices) * max((c.num_microbatches for c in grid), default=1)
     count = INTERLEAVED_SEEDS if scale <= 2048 else INTERLEAVED_SEEDS // 2
-    out: list[Candidate] = []
+    out: list[PlanShape] = []
     for _, _, c in ranked[:count]:
-        out.extend(interleaved(search, c))
+        out.extend(interleaved(search, c, schedule))
     return out
 
 
 def by_bound(
     search: Search,
-    cands: Sequence[Candidate],
+    cands: Sequence[PlanShape],
     scored: Sequence[Scored],
     origin: str,
     keep: int = 1,
 ) -> list[Scored]:
     """Simulate ``cands`` in the order of a lower bound of their time per sample
-    (:func:`planner.partition.bounds.search_bound_ms`) while the bound can still beat the
+    (:func:`planner.solve.bounds.search_bound_ms`) while the bound can still beat the
     ``keep``-th best distinct plan found so far (local search starts from the best
     ``keep``); the rest cannot be among them, so leaving them out loses nothing, and the
     local search starts from the same plans however tight the bound.
@@ -119,7 +125,7 @@ def by_bound(
         bound = search_bound_ms(
             search.profile,
             search.topology,
-            c.specs(),
+            list(c.stages),
             c.schedule,
             c.num_microbatches,
             c.microbatch_size,
@@ -140,5 +146,5 @@ def by_bound(
 
 def _note_time(best: dict[tuple[Any, ...], float], x: Scored) -> None:
     """Keep the best time per sample of ``x``'s partition and device groups."""
-    shape = tuple((r, d) for r, d, _ in x.cand.stages)
+    shape = tuple((s.layers, s.devices) for s in x.shape.stages)
     best[shape] = min(best.get(shape, math.inf), x.per_sample_ms)

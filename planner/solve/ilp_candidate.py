@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from planner.partition.dp import LayerCosts, layer_costs
 from planner.partition.ilp import solve_ilp
 from planner.plan_parts import IlpInfo
-from planner.solve.candidate import Scored
 from planner.solve.dp_candidates import DpCand, dp_candidates
 from planner.solve.memory import in_flight, weight_versions
 from planner.solve.options import ILP_MAX_CELLS, ILP_MAX_DEVICES
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["run_ilp"]
 
@@ -77,7 +77,7 @@ def run_ilp(
     """
     if not best.fits:
         return None
-    c = best.cand
+    c = best.shape
     n = search.profile.num_layers
     names = search.topology.device_names()
     s = min(max(len(c.stages), 2), n, len(names))
@@ -88,12 +88,12 @@ def run_ilp(
     sched = c.schedule if c.schedule in primary else primary[0]
     m = c.num_microbatches
     warm: DpCand | None = None
-    if len(c.stages) == s and all(len(d) == 1 for _, d, _ in c.stages):
+    if len(c.stages) == s and all(len(st.devices) == 1 for st in c.stages):
         warm = DpCand(
             0.0,
-            tuple(r for r, _, _ in c.stages),
-            tuple(d for _, d, _ in c.stages),
-            tuple(rc for _, _, rc in c.stages),
+            tuple(st.layers for st in c.stages),
+            tuple(st.devices for st in c.stages),
+            tuple(st.recompute for st in c.stages),
         )
     else:
         in_order = dp_candidates(search, costs, [names], sched, m)
@@ -103,5 +103,5 @@ def run_ilp(
     if got is None:
         return None
     ranges, devs, _ = got
-    cand = make_candidate(search, ranges, [(d,) for d in devs], sched, c.microbatch_size, m)
+    cand = make_shape(search, ranges, [(d,) for d in devs], sched, c.microbatch_size, m)
     return search.evaluate(cand, "ilp")

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
 from planner.solve.options import LOCAL_FLOOR
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["distinct_starts", "local_budget", "local_search", "neighbours"]
 
@@ -109,7 +110,7 @@ def _splits_and_merges(
         yield new, groups[: i + 1] + groups[i + 2 :]
 
 
-def neighbours(cand: Candidate, names: Sequence[str], n: int) -> Iterator[tuple[Ranges, Groups]]:
+def neighbours(cand: PlanShape, names: Sequence[str], n: int) -> Iterator[tuple[Ranges, Groups]]:
     """The plans one move away from ``cand``, as (ranges, device groups), in a fixed order:
     move a cut; unless interleaved, swap two stages' devices, move a stage to a free device
     or add one as a replica, reorder a stage's replicas, move a replica to another stage,
@@ -119,8 +120,8 @@ def neighbours(cand: Candidate, names: Sequence[str], n: int) -> Iterator[tuple[
 
         next(neighbours(cand, topology.device_names(), profile.num_layers))
     """
-    ranges = [r for r, _, _ in cand.stages]
-    groups = [d for _, d, _ in cand.stages]
+    ranges = [s.layers for s in cand.stages]
+    groups = [s.devices for s in cand.stages]
     for k in range(len(ranges) - 1):
         for new in _moved_cut(ranges, k):
             yield new, list(groups)
@@ -147,7 +148,7 @@ def distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
     for x in sorted(scored, key=Scored.key):
         if not x.fits:
             break
-        shape = tuple((r, d) for r, d, _ in x.cand.stages)
+        shape = tuple((s.layers, s.devices) for s in x.shape.stages)
         if shape in seen:
             continue
         seen.add(shape)
@@ -174,11 +175,11 @@ def local_search(search: Search, start: Scored, budget: int) -> Scored:
     improved = True
     while improved and spent < budget:
         improved = False
-        for ranges, groups in neighbours(best.cand, names, n):
+        for ranges, groups in neighbours(best.shape, names, n):
             if spent >= budget:
                 break
-            c = best.cand
-            cand = make_candidate(
+            c = best.shape
+            cand = make_shape(
                 search,
                 ranges,
                 groups,
@@ -213,7 +214,7 @@ def local_budget(evals: int, best: Scored) -> int:
 
         local_budget(400, best)  # 400 on small plans, fewer on big ones, at least 24
     """
-    c = best.cand
-    size = sum(len(d) for _, d, _ in c.stages) * c.num_microbatches
+    c = best.shape
+    size = sum(len(s.devices) for s in c.stages) * c.num_microbatches
     floor = LOCAL_FLOOR if len(c.stages) > 1 else 4  # one stage: no cut to move
     return max(min(evals, floor), min(evals, int(evals * 128 / max(size, 1))))

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from planner.cost import stage_memory_bytes
 from planner.profile.schema import Profile
-from planner.schedule import in_flight_microbatches
 from planner.schedule.families import family
 from planner.schedule.replicas import replica_round
 
@@ -40,11 +39,11 @@ def in_flight(
     """
     if virtual > 1:
         p = num_stages // virtual
-        total = in_flight_microbatches(
-            schedule, p, stage % p, m, virtual_stages=virtual, rounds=rounds
+        total = family(schedule).in_flight_microbatches(
+            p, stage % p, m, virtual_stages=virtual, rounds=rounds
         )
         return -(-int(total) // virtual)
-    return int(in_flight_microbatches(schedule, num_stages, stage, m, rounds=rounds))
+    return int(family(schedule).in_flight_microbatches(num_stages, stage, m, rounds=rounds))
 
 
 def weight_versions(schedule: str) -> int:

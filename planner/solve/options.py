@@ -30,8 +30,11 @@ __all__ = [
 ]
 
 SCHEDULE_CHOICES = ("auto", *(n for n, f in FAMILIES.items() if not f.searched))
-# Synchronous schedules "auto" tries, most conventional first (ties keep the earlier one).
-AUTO_SCHEDULES = ("1f1b", "gpipe", "zb", "interleaved")
+# Synchronous schedules "auto" tries, most conventional first (ties keep the earlier one):
+# the families that say so (Family.auto), by their rank.
+AUTO_SCHEDULES = tuple(
+    f.name for f in sorted(FAMILIES.values(), key=lambda f: f.auto or 0) if f.auto is not None
+)
 # Interleaved with one chunk per device is 1F1B: the shapes the search re-cuts into chunks,
 # and the schedule the peers' defaults use when the request is auto or interleaved.
 INTERLEAVED_BASE = "1f1b"

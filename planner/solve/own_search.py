@@ -4,7 +4,7 @@ allowed schedule on the winner and interleaved re-cuts of the best few.
 
 Example::
 
-    scored = own_search(search, [(4, 8)], ["1f1b", "gpipe", "zb", "interleaved"], clock)
+    scored = own_search(search, [(4, 8)], AUTO_SCHEDULES, clock)
     best = min(scored, key=Scored.key)
 """
 
@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from planner.partition.dp import layer_costs
 from planner.partition.mapping import candidate_paths, identical_devices, uniform_network
 from planner.schedule.families import family
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
 from planner.solve.dp_candidates import dp_candidates
 from planner.solve.exhaustive import exhaustive, exhaustive_size
 from planner.solve.grid import by_bound, grid_interleaved, grid_shapes
 from planner.solve.ilp_candidate import run_ilp
 from planner.solve.local import distinct_starts, local_budget, local_search
-from planner.solve.options import INTERLEAVED_SEEDS, LOCAL_STARTS
+from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, LOCAL_STARTS
 from planner.solve.recut import interleaved
-from planner.solve.search import Search, make_candidate
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 __all__ = ["other_schedules", "own_search"]
 
@@ -47,21 +48,19 @@ def _candidate_search(
     search.methods.append("dp")
     paths = [names] if homogeneous else candidate_paths(topology)
     top = max(1, min(opts.top_candidates, opts.top_candidates * 2048 // scale))
-    grid: list[Candidate] = []
+    grid: list[PlanShape] = []
     for mb, m in settings:
         costs = layer_costs(profile, mb)
         for sched in primary:
             cands = dp_candidates(search, costs, paths, sched, m)
             for c in cands[:top]:
-                cand = make_candidate(
-                    search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute
-                )
+                cand = make_shape(search, c.ranges, c.groups, sched, mb, m, recompute=c.recompute)
                 scored.append(search.evaluate(cand, "dp"))
             grid.extend(grid_shapes(search, cands, sched, mb, m))
     starts = LOCAL_STARTS if scale <= 2048 else 1
     scored.extend(by_bound(search, grid, scored, "grid", starts))
-    if any(family(s).interleaved for s in schedules):
-        chunked = grid_interleaved(search, grid, scored)
+    for sched in (s for s in schedules if family(s).interleaved):
+        chunked = grid_interleaved(search, grid, scored, sched)
         scored.extend(by_bound(search, chunked, scored, "grid interleaved", starts))
     use_ilp = opts.use_ilp
     if use_ilp is None:
@@ -91,9 +90,10 @@ def own_search(
 
     Example::
 
-        own_search(search, [(4, 8)], ["1f1b"], time.perf_counter())
+        own_search(search, [(4, 8)], [INTERLEAVED_BASE], time.perf_counter())
     """
-    primary = [s for s in schedules if not family(s).interleaved] or ["1f1b"]
+    primary = [s for s in schedules if not family(s).interleaved] or [INTERLEAVED_BASE]
+    chunked = [s for s in schedules if family(s).interleaved]
     names = search.topology.device_names()
     space = exhaustive_size(search.profile.num_layers, len(names)) * len(settings) * len(primary)
     scale = len(names) * max(m for _, m in settings)
@@ -106,12 +106,12 @@ def own_search(
         return scored
     best = min(scored, key=Scored.key)
     scored.extend(other_schedules(search, best, schedules))
-    if any(family(s).interleaved for s in schedules):
+    if chunked:
         # Seeds were planned for flushing one-chunk schedules; re-cut the best few.
         count = INTERLEAVED_SEEDS if scale <= 2048 else 1
-        pipelines = [x for x in scored if x.cand.virtual_stages == 1 and len(x.cand.stages) > 1]
+        pipelines = [x for x in scored if x.shape.virtual_stages == 1 and len(x.shape.stages) > 1]
         for seed in distinct_starts(pipelines, count):
-            for e in interleaved(search, seed.cand):
+            for e in (e for sched in chunked for e in interleaved(search, seed.shape, sched)):
                 if not search.cannot_beat(e, best):
                     scored.append(search.evaluate(e, "interleaved"))
                     best = min(best, scored[-1], key=Scored.key)
@@ -123,20 +123,20 @@ def other_schedules(search: Search, best: Scored, schedules: Sequence[str]) -> l
 
     Example::
 
-        other_schedules(search, best, ["1f1b", "gpipe", "zb"])
+        other_schedules(search, best, AUTO_SCHEDULES)
     """
-    c = best.cand
+    c = best.shape
     out: list[Scored] = []
     for sched in schedules:
         if sched == c.schedule:
             continue
         if family(sched).interleaved:
-            extra = interleaved(search, c)
+            extra = interleaved(search, c, sched)
         else:
-            ranges = [r for r, _, _ in c.stages]
-            groups = [d for _, d, _ in c.stages]
+            ranges = [s.layers for s in c.stages]
+            groups = [s.devices for s in c.stages]
             extra = [
-                make_candidate(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)
+                make_shape(search, ranges, groups, sched, c.microbatch_size, c.num_microbatches)
             ]
         # One that cannot beat the winner by its bound could change nothing.
         out.extend(

@@ -1,9 +1,9 @@
-"""The peers in a solve: each tuned over its sweep and the peer defaults, simulated through
-the search's cache (:func:`peer_report`); their plans as seeds of the search
-(:func:`seeded_by_peers`); and the plan's ``baselines`` rows (:func:`peer_rows`).
+"""The peers in a solve: each tuned over its sweep and the peer defaults, scored by the
+search (:func:`peer_report`); their plans as seeds of the search (:func:`seeded_by_peers`);
+and the plan's ``baselines`` rows (:func:`peer_rows`).
 
 :func:`baseline_outcomes` and :func:`baseline_partitions` give the peer defaults'
-partitions alone (:func:`planner.partition.peers.default_outcomes`).
+partitions alone (:func:`planner.solve.peer_partitions.default_outcomes`).
 
 Example::
 
@@ -19,14 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.partition.peers import PeerBest, PeerConfig, PeerJudge, default_outcomes, tune_peers
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
 from planner.schedule.families import family
-from planner.solve.candidate import Candidate, Scored
+from planner.shape import PlanShape
 from planner.solve.local import local_budget, local_search
 from planner.solve.options import INTERLEAVED_BASE
-from planner.solve.search import Search, make_candidate
+from planner.solve.peer_partitions import PeerPartitions, default_outcomes
+from planner.solve.peers import PeerBest, tune_peers
+from planner.solve.scored import Scored
+from planner.solve.search import Search, make_shape
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -63,37 +65,35 @@ def baseline_outcomes(
     profile: Profile, topology: Topology, microbatch_size: int
 ) -> list[tuple[str, list[tuple[int, int]], list[int], str | None]]:
     """Every peer default as ``(name, ranges, replicas, reason)``
-    (:func:`planner.partition.peers.default_outcomes`).
+    (:func:`planner.solve.peer_partitions.default_outcomes`); ``ranges`` and ``replicas``
+    are empty where ``reason`` says why there is no partition.
 
     Example::
 
         for name, ranges, replicas, reason in baseline_outcomes(profile, topology, 4): ...
     """
-    return default_outcomes(profile, topology, microbatch_size)
+    out: list[tuple[str, list[tuple[int, int]], list[int], str | None]] = []
+    for name, stages in default_outcomes(PeerPartitions(profile, topology), microbatch_size):
+        if isinstance(stages, str):
+            out.append((name, [], [], stages))
+        else:
+            out.append((name, [s.layers for s in stages], [len(s.devices) for s in stages], None))
+    return out
 
 
-def _baseline_candidates(
-    search: Search, schedule: str, mb: int, m: int, judge: PeerJudge
-) -> list[tuple[str, Candidate | str]]:
-    """The baselines' partitions placed in device order (one device per stage, or
-    PipeDream's replicas on consecutive devices); recompute where memory needs it. A
-    baseline whose algorithm fails comes back as the reason instead of a candidate.
-    (``judge``: the tuned peers', whose PipeDream stages the defaults reuse.)"""
-    names = search.topology.device_names()
-    out: list[tuple[str, Candidate | str]] = []
-    outcomes = default_outcomes(search.profile, search.topology, mb, judge=judge)
-    for label, ranges, replicas, reason in outcomes:
-        if reason is not None:
-            out.append((label, reason))
+def _default_shapes(
+    search: Search, schedule: str, mb: int, m: int, parts: PeerPartitions
+) -> list[tuple[str, PlanShape | str]]:
+    """The peer defaults' stages (one device per stage in device order, or PipeDream's
+    replicas on consecutive devices) as shapes, recompute where memory needs it; a default
+    whose algorithm fails comes back as the reason instead."""
+    out: list[tuple[str, PlanShape | str]] = []
+    for label, stages in default_outcomes(parts, mb):
+        if isinstance(stages, str):
+            out.append((label, stages))
             continue
-        groups = []
-        pos = 0
-        for r in replicas:
-            groups.append(tuple(names[pos : pos + r]))
-            pos += r
-        if pos > len(names):
-            continue
-        out.append((label, make_candidate(search, ranges, groups, schedule, mb, m)))
+        ranges, groups = [s.layers for s in stages], [s.devices for s in stages]
+        out.append((label, make_shape(search, ranges, groups, schedule, mb, m)))
     return out
 
 
@@ -109,39 +109,26 @@ class PeerReport:
 def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: str) -> PeerReport:
     """Each peer tuned over its sweep (with the user's schedule where one is given), and the
     peer defaults: one stage per device in device order (PipeDream: its replicas), 1F1B or
-    the requested schedule, recompute where memory needs it, the best microbatch size.
+    the requested schedule, recompute where memory needs it, the best microbatch size; all
+    scored by ``search`` (a shape the search and a peer both propose is simulated once).
 
     Example::
 
         peer_report(search, [(4, 8)], "auto").tuned[0].peer
     """
     override = None if schedule == "auto" else (schedule,)
-
-    def simulate_peer(config: PeerConfig) -> tuple[float, bool]:
-        # Through the search's own cache: a shape both simulate is simulated once.
-        stages = tuple((r, devs, config.recompute) for r, devs in config.stages)
-        cand = Candidate(
-            stages,
-            config.schedule,
-            config.microbatch_size,
-            config.num_microbatches,
-            config.virtual_stages,
-        )
-        got = search.simulate_as_given(cand, f"peer {config.peer}")
-        return got.iteration_ms, got.fits
-
-    judge = PeerJudge(search.profile, search.topology, simulator=simulate_peer)
-    tuned = tune_peers(search.profile, search.topology, settings, schedules=override, judge=judge)
+    parts = PeerPartitions(search.profile, search.topology)
+    tuned = tune_peers(search, settings, schedules=override, parts=parts)
     interleaves = schedule == "auto" or family(schedule).interleaved
     base_sched = INTERLEAVED_BASE if interleaves else schedule
     defaults: dict[str, Scored] = {}
     failed: dict[str, str] = {}
     for mb, m in settings:
-        for label, cand in _baseline_candidates(search, base_sched, mb, m, judge):
-            if isinstance(cand, str):
-                failed.setdefault(label, cand)
+        for label, shape in _default_shapes(search, base_sched, mb, m, parts):
+            if isinstance(shape, str):
+                failed.setdefault(label, shape)
                 continue
-            got = search.evaluate(cand, f"peer default {label}")
+            got = search.evaluate(shape, f"peer default {label}")
             if label not in defaults or got.key() < defaults[label].key():
                 defaults[label] = got
     return PeerReport(tuned, defaults, failed)
@@ -159,14 +146,10 @@ def seeded_by_peers(
     """
     seeds = list(peers.defaults.values())
     for best in peers.tuned:
-        if best.best is None or not best.feasible:
+        if best.config is None or not best.feasible:
             continue
-        c = best.best.config
-        stages = tuple((r, devs, c.recompute) for r, devs in c.stages)
-        m, v = c.num_microbatches, c.virtual_stages
-        cand = Candidate(stages, c.schedule, c.microbatch_size, m, v)
-        seeds.append(search.evaluate(cand, f"peer {best.peer}"))
-    seeds = [x for x in seeds if x.cand.schedule in schedules and x.fits]
+        seeds.append(search.evaluate(best.config.shape, f"peer {best.peer}"))
+    seeds = [x for x in seeds if x.shape.schedule in schedules and x.fits]
     mine = [x for x in own if x.fits]
     if not seeds:
         return []
@@ -180,7 +163,8 @@ def seeded_by_peers(
 
 def _tuned_row(best: PeerBest, samples: int) -> Baseline:
     """A tuned peer's row: its best configuration, or why it has none."""
-    if best.best is None or not best.feasible:
+    c = best.config
+    if c is None or not best.feasible:
         return Baseline(
             best.peer,
             None,
@@ -190,7 +174,6 @@ def _tuned_row(best: PeerBest, samples: int) -> Baseline:
             configurations=best.configurations,
             simulations=best.simulations,
         )
-    c = best.best.config
     return Baseline(
         best.peer,
         best.per_sample_ms * samples,
@@ -200,10 +183,10 @@ def _tuned_row(best: PeerBest, samples: int) -> Baseline:
         partition=c.partition,
         depth=c.depth,
         data_parallel=c.data_parallel,
-        microbatch_size=c.microbatch_size,
-        num_microbatches=c.num_microbatches,
-        schedule=c.schedule,
-        virtual_stages=c.virtual_stages,
+        microbatch_size=c.shape.microbatch_size,
+        num_microbatches=c.shape.num_microbatches,
+        schedule=c.shape.schedule,
+        virtual_stages=c.shape.virtual_stages,
         recompute=c.recompute,
         configurations=best.configurations,
         simulations=best.simulations,

@@ -5,7 +5,7 @@ plan (:func:`interleaved`: each group holding ``v`` chunks).
 Example::
 
     recut(search, [("gpu0",), ("gpu1",)], "1f1b", 4, 8)  # even, full-model and compute-only
-    interleaved(search, cand)  # the plan's groups with 2, 3 and 4 chunks each
+    interleaved(search, shape, "interleaved")  # the plan's groups with 2, 3 and 4 chunks each
 """
 
 from __future__ import annotations
@@ -15,25 +15,27 @@ from collections.abc import Sequence
 from planner.partition.baselines import uniform_partition
 from planner.partition.dp import layer_costs, partition_chain
 from planner.partition.mapping import links_between, slots_along
-from planner.solve.candidate import Candidate
+from planner.schedule.families import family
+from planner.shape import PlanShape
 from planner.solve.memory import in_flight, weight_versions
 from planner.solve.options import VIRTUAL_CHUNKS
-from planner.solve.search import Search, make_candidate
+from planner.solve.search import Search, make_shape
 
 __all__ = ["cut_over", "interleaved", "recut"]
 
 
-def interleaved(search: Search, c: Candidate) -> list[Candidate]:
-    """Interleaved versions of a plan whose stages have equally many replicas: its stages'
-    device groups in order, each holding ``v`` chunks (``v`` in
-    :data:`planner.solve.options.VIRTUAL_CHUNKS`), the layers re-cut by the DP over the
-    ``v * p`` chunks (with its all-reduce term and without it: see :func:`recut`).
+def interleaved(search: Search, c: PlanShape, schedule: str) -> list[PlanShape]:
+    """Versions of a plan whose stages have equally many replicas under ``schedule``, a
+    family with several chunks per device: its stages' device groups in order, each
+    holding ``v`` chunks (``v`` in :data:`planner.solve.options.VIRTUAL_CHUNKS`) where the
+    family places them, the layers re-cut by the DP over the ``v * p`` chunks (with its
+    all-reduce term and without it: see :func:`recut`).
 
     Example::
 
-        {x.virtual_stages for x in interleaved(search, cand)}  # {2, 3, 4} on enough layers
+        {x.virtual_stages for x in interleaved(search, shape, "interleaved")}  # {2, 3, 4}
     """
-    sizes = {len(d) for _, d, _ in c.stages}
+    sizes = {len(s.devices) for s in c.stages}
     if len(sizes) != 1 or c.virtual_stages > 1:
         return []
     (r,) = sizes
@@ -42,12 +44,13 @@ def interleaved(search: Search, c: Candidate) -> list[Candidate]:
     m = c.num_microbatches
     if p < 2 or m % p or (m // r) % p:
         return []
-    groups = [d for _, d, _ in c.stages]
+    groups = [s.devices for s in c.stages]
+    place = family(schedule).place
     out = []
     for v in VIRTUAL_CHUNKS:
         if n < v * p:
             break
-        out.extend(recut(search, groups * v, "interleaved", c.microbatch_size, m, v))
+        out.extend(recut(search, place(groups, v), schedule, c.microbatch_size, m, v))
     return out
 
 
@@ -62,7 +65,7 @@ def recut(
     virtual: int = 1,
     *,
     full: bool = True,
-) -> list[Candidate]:
+) -> list[PlanShape]:
     """:func:`cut_over` once per search for each set of arguments (a copy of the list).
 
     Example::
@@ -85,7 +88,7 @@ def cut_over(
     virtual: int = 1,
     *,
     full: bool = True,
-) -> list[Candidate]:
+) -> list[PlanShape]:
     """The DP's partitions of all layers over these stage groups (``virtual`` chunks per
     group), twice: with the DP's full model (compute, a per-microbatch share of each
     stage's all-reduce, the transfer to the next group), and with compute alone. In the
@@ -110,12 +113,12 @@ def cut_over(
     k = len(slots)
     stashed = [in_flight(schedule, k, i, m, virtual, r) for i in range(k)]
     costs = layer_costs(search.profile, mb)
-    out: list[Candidate] = []
+    out: list[PlanShape] = []
     if len(slots) <= search.profile.num_layers:
         # Equal layer counts: on uniform layers the DP's ties (where the light chunks go)
         # matter to the schedule, and the even split is a tie the DP may not pick.
         even = uniform_partition(search.profile.num_layers, len(slots))
-        out.append(make_candidate(search, even, groups, schedule, mb, m, virtual=virtual))
+        out.append(make_shape(search, even, groups, schedule, mb, m, virtual=virtual))
     for variant in variants:
         part = partition_chain(
             costs,
@@ -127,7 +130,7 @@ def cut_over(
         )
         if part is None:
             continue
-        cand = make_candidate(
+        cand = make_shape(
             search, part.ranges, groups, schedule, mb, m, recompute=part.recompute, virtual=virtual
         )
         if cand not in out:

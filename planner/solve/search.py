@@ -4,13 +4,13 @@
 simulated once), the count of simulations, the methods used and the ILP's outcome.
 :meth:`Search.evaluate` simulates a candidate and settles its recompute flags by the
 simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lower bound
-cannot beat the best plan. :func:`make_candidate` builds a candidate, recompute where the
+cannot beat the best plan. :func:`make_shape` builds a candidate, recompute where the
 memory model says a stage overflows.
 
 Example::
 
     search = Search(profile, topology, SolveOptions(), time_limit=10)
-    cand = make_candidate(search, [(0, 3), (4, 7)], [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
+    cand = make_shape(search, [(0, 3), (4, 7)], [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
     search.evaluate(cand, "dp").per_sample_ms
 """
 
@@ -22,57 +22,82 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
-from planner.partition.bounds import overflows_memory, search_bound_ms
 from planner.plan import StageSpec
 from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
+from planner.shape import PlanShape
 from planner.simulate import simulate_shape
-from planner.solve.candidate import Candidate, Scored, with_recompute
+from planner.solve.bounds import overflows_memory, search_bound_ms
 from planner.solve.memory import fix_recompute
 from planner.solve.options import SolveOptions
+from planner.solve.scored import Scored
 
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["Search", "make_candidate"]
+__all__ = ["Search", "make_shape"]
 
 
 @dataclass
 class Search:
-    """One solve's inputs and what it has simulated so far."""
+    """One solve's inputs and what it has simulated so far; the one place where plan shapes
+    are scored, for pipeplan's own search and for the tuned peers alike
+    (:mod:`planner.solve.peers`): one cache of simulations, one fits check
+    (:meth:`simulate_as_given`), one bound per sample (:meth:`bound_per_sample`).
+
+    Example::
+
+        Search(profile, topology).simulate_as_given(shape, "peer DeepSpeed").fits
+    """
 
     profile: Profile
     topology: Topology
-    options: SolveOptions
-    time_limit: float
-    cache: dict[Candidate, Scored] = field(default_factory=dict)
+    options: SolveOptions = field(default_factory=SolveOptions)
+    time_limit: float = 60.0
+    cache: dict[PlanShape, Scored] = field(default_factory=dict)
     sims: int = 0
     ilp: IlpInfo | None = None
     methods: list[str] = field(default_factory=list)
     # Re-cuts by (groups, schedule, microbatch size, count, chunks, full): the same
     # pipelines are re-cut for the grid, the best plan's schedules and the seeds.
-    recuts: dict[tuple[Any, ...], list[Candidate]] = field(default_factory=dict)
+    recuts: dict[tuple[Any, ...], list[PlanShape]] = field(default_factory=dict)
     # Candidates left unsimulated because their bound could not beat the plan they were
     # measured against, with that bound per sample (see :meth:`bound_per_sample`).
-    bounded: dict[Candidate, float] = field(default_factory=dict)
+    bounded: dict[PlanShape, float] = field(default_factory=dict)
+    # Every bound per sample worked out (shapes the search and the peers share included).
+    bounds: dict[PlanShape, float] = field(default_factory=dict)
 
-    def bound_per_sample(self, cand: Candidate) -> float:
+    def overflows(self, cand: PlanShape) -> bool:
+        """Whether ``cand`` cannot fit with or without recompute: a device's weights,
+        gradients and optimizer state alone exceed its memory
+        (:func:`planner.solve.bounds.overflows_memory`); nothing to simulate."""
+        specs = [s.with_recompute(False) for s in cand.stages]
+        return overflows_memory(self.profile, self.topology, specs, cand.schedule)
+
+    def bound_per_sample(self, cand: PlanShape) -> float:
         """A lower bound of the time per sample :meth:`evaluate` can find for ``cand``
-        (:func:`planner.partition.bounds.search_bound_ms` without recompute: evaluate may
+        (:func:`planner.solve.bounds.search_bound_ms` without recompute: evaluate may
         switch it off, and recompute only adds time); infinite where it cannot fit
-        (:func:`planner.partition.bounds.overflows_memory`: it never beats a plan that
-        fits)."""
-        hit = self.bounded.get(cand)
-        if hit is not None:
-            return hit
-        specs = [StageSpec(i, r, list(d), False) for i, (r, d, _) in enumerate(cand.stages)]
-        if overflows_memory(self.profile, self.topology, specs, cand.schedule):
+        (:meth:`overflows`: it never beats a plan that fits). Worked out once per shape.
+
+        Example::
+
+            search.bound_per_sample(shape)   # ms per sample, or inf
+        """
+        hit = self.bounds.get(cand)
+        if hit is None:
+            hit = self.bounds[cand] = self._bound_per_sample(cand)
+        return hit
+
+    def _bound_per_sample(self, cand: PlanShape) -> float:
+        if self.overflows(cand):
             return math.inf  # fits with no recompute: never beats a plan that fits
+        specs = [s.with_recompute(False) for s in cand.stages]
         m, mb = cand.num_microbatches, cand.microbatch_size
         bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
         return bound / cand.samples
 
-    def cannot_beat(self, cand: Candidate, best: Scored) -> bool:
+    def cannot_beat(self, cand: PlanShape, best: Scored) -> bool:
         """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
         :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
         remembered, not simulated."""
@@ -84,7 +109,7 @@ class Search:
             return True
         return False
 
-    def evaluate(self, cand: Candidate, origin: str) -> Scored:
+    def evaluate(self, cand: PlanShape, origin: str) -> Scored:
         """Simulate ``cand``, then settle its recompute flags by the simulator's memory:
         switch recompute on where a device overflows, off where it is not needed."""
         hit = self.cache.get(cand)
@@ -93,22 +118,22 @@ class Search:
         scored = self.simulate_as_given(cand, origin)
         if not scored.fits and scored.result is not None:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
-            flags = [rc or any(d in over for d in devs) for _, devs, rc in cand.stages]
-            retry = self.simulate_as_given(with_recompute(cand, flags), origin)
+            flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
+            retry = self.simulate_as_given(cand.with_recompute(flags), origin)
             if retry.key() < scored.key():
                 scored = retry
         if scored.fits:
-            for k, (_, _, rc) in enumerate(scored.cand.stages):
-                if rc:
-                    flags = [f for _, _, f in scored.cand.stages]
+            for k, stage in enumerate(scored.shape.stages):
+                if stage.recompute:
+                    flags = [s.recompute for s in scored.shape.stages]
                     flags[k] = False
-                    retry = self.simulate_as_given(with_recompute(scored.cand, flags), origin)
+                    retry = self.simulate_as_given(scored.shape.with_recompute(flags), origin)
                     if retry.key() < scored.key():
                         scored = retry
         self.cache[cand] = scored
         return scored
 
-    def simulate_as_given(self, cand: Candidate, origin: str) -> Scored:
+    def simulate_as_given(self, cand: PlanShape, origin: str) -> Scored:
         """Simulate ``cand`` with its recompute flags as they are (once per search)."""
         hit = self.cache.get(cand)
         if hit is not None:
@@ -129,7 +154,7 @@ class Search:
         return scored
 
 
-def make_candidate(
+def make_shape(
     search: Search,
     ranges: Sequence[tuple[int, int]],
     devices: Sequence[Sequence[str]],
@@ -138,13 +163,13 @@ def make_candidate(
     m: int,
     recompute: Sequence[bool] | None = None,
     virtual: int = 1,
-) -> Candidate:
+) -> PlanShape:
     """The candidate for these stages; recompute as given, or where memory needs it
     (:func:`planner.solve.memory.fix_recompute`).
 
     Example::
 
-        make_candidate(search, [(0, 7)], [("gpu0", "gpu1")], "1f1b", 4, 8)
+        make_shape(search, [(0, 7)], [("gpu0", "gpu1")], "1f1b", 4, 8)
     """
     if recompute is None:
         recompute = fix_recompute(
@@ -152,7 +177,7 @@ def make_candidate(
         )
     # Replicas keep the order they were chosen in: the all-reduce ring follows it.
     stages = tuple(
-        ((int(a), int(b)), tuple(d), bool(rc))
-        for (a, b), d, rc in zip(ranges, devices, recompute, strict=True)
+        StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
+        for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
-    return Candidate(stages, schedule, mb, m, virtual)
+    return PlanShape(stages, schedule, mb, m, virtual)

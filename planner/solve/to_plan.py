@@ -16,8 +16,8 @@ from planner.cost import stage_compute_ms
 from planner.plan import Plan, plan_from_simulation
 from planner.plan_parts import FileRef, SolverInfo, WithoutPeers
 from planner.profile.schema import Profile
-from planner.solve.candidate import Scored
 from planner.solve.peer_report import PeerReport, peer_rows
+from planner.solve.scored import Scored
 from planner.solve.search import Search
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _solver_info(
     search: Search, best: Scored, lower_bound_ms: float, seconds: float, unseeded: Scored | None
 ) -> SolverInfo:
     """How the plan was found: methods, status, gap to the bound, the search alone."""
-    c = best.cand
+    c = best.shape
     lb = lower_bound_ms
     gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
     solver = SolverInfo(
@@ -60,13 +60,13 @@ def _solver_info(
     )
     if unseeded is not None:
         # What the search found on its own, before any peer plan joined the pool.
-        u = unseeded.cand
+        u = unseeded.shape
         solver.without_peers = WithoutPeers(
             iteration_ms=unseeded.per_sample_ms * c.samples,
             microbatch_size=u.microbatch_size,
             num_microbatches=u.num_microbatches,
             schedule=u.schedule,
-            stages=[(r, d) for r, d, _ in u.stages],
+            stages=[(s.layers, s.devices) for s in u.stages],
             origin=unseeded.origin,
         )
     return solver
@@ -88,12 +88,12 @@ def to_plan(
 
         to_plan(search, best, None, None, None, 0.5).predicted.iteration_ms
     """
-    c = best.cand
+    c = best.shape
     topo = search.topology
     lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
     return plan_from_simulation(
         best.result,
-        c.specs(),
+        list(c.stages),
         profile=_file_ref(profile_path, search.profile.to_dict()),
         topology=_file_ref(topology_path, topo.to_dict()),
         solver=_solver_info(search, best, lb, seconds, unseeded),

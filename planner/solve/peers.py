@@ -1,0 +1,352 @@
+"""Peers as practitioners run them: each system's partitioner plus the sweep its users do.
+
+A peer here is not one partition on one stage per device (those rows are kept as the *peer
+defaults*, :func:`planner.solve.peer_partitions.default_outcomes`) but everything its users
+would try on the same machine: a named generator of :class:`~planner.shape.PlanShape`
+(:meth:`Peer.configurations`: its partitioner and its sweep),
+
+- pipeline depth ``d`` over the divisors of the device count, data parallelism ``N / d``
+  over the rest, devices in the topology's order (as ``CUDA_VISIBLE_DEVICES`` lists them);
+- every profiled microbatch size the batch allows, the same global batch (each of the
+  ``N / d`` pipelines runs ``M / (N / d)`` microbatches, so ``M`` must divide evenly);
+- the peer's own schedules; recompute (activation checkpointing, all stages) only where
+  memory needs it, as users switch it on.
+
+Each configuration is scored by the search's own code (:class:`planner.solve.search.Search`:
+one cache of simulations, one fits check, one bound per sample), with the same profile and
+topology, and the fastest one per sample that fits is the peer's best.
+
+- **DeepSpeed**: ``partition_method`` ``uniform`` or ``parameters``; 1F1B; pipe-major.
+- **torchgpipe**: ``balance_by_time``; GPipe; replica-major.
+- **Megatron-LM**: equal layers per stage (``d`` divides the layers); 1F1B, and interleaved
+  with ``v`` chunks per device where ``d * v`` divides the layers; pipe-major.
+- **torch.distributed.pipelining**: equal split (the first stages take the remainder);
+  GPipe, 1F1B, interleaved (``v`` = 2, 3, 4) and zero-bubble; pipe-major.
+- **PipeDream**: its own optimizer's stages and replicas (consecutive devices); 1F1B
+  (PipeDream-Flush).
+- **data parallel**: one stage on every device (DDP with gradient accumulation).
+
+*pipe-major*: stage ``k``'s replicas are devices ``k * dp .. k * dp + dp - 1`` (DeepSpeed's
+``PipeDataParallelTopology`` and Megatron's rank order put the data-parallel axis innermost);
+*replica-major*: torchgpipe is one process driving ``d`` consecutive GPUs, so with DDP over
+processes replica ``j`` holds devices ``j * d .. j * d + d - 1`` and stage ``k``'s replicas
+are ``k, d + k, 2d + k, ...``. A replica's microbatches go through its own pipeline
+(microbatch ``i`` on replica ``i % dp`` of every stage), which is exactly ``dp``
+independent pipelines plus one all-reduce per stage.
+
+torch.distributed.pipelining's zero-bubble schedules interleave several stages per rank; the
+simulator's ``zb`` is ZB-H1 with one stage per rank (the same split backward without the
+interleaving). PipeDream's own schedule is asynchronous (weight stashing); it is judged with
+PipeDream-Flush (1F1B), the synchronous schedule of the same authors, as every plan here
+has synchronous semantics.
+
+Simulating every configuration is avoided exactly: configurations are visited in the order
+of a lower bound per sample (:meth:`~planner.solve.search.Search.bound_per_sample`: the
+simulator's bound, or the busiest device's compute + all-reduce + step, whichever is
+larger; infinite where the weights, gradients and optimizer state alone overflow a device),
+and a peer's search stops at the first whose bound is no better than the best time found;
+one that overflows is passed over; the answer is the same as simulating all of them.
+
+Example::
+
+    best = tune_peers(Search(profile, topology), [(4, 16), (8, 8)])
+    for peer in best:
+        print(peer.peer, peer.describe(), peer.iteration_ms)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from planner.schedule.families import family
+from planner.shape import PlanShape
+from planner.solve.peer_partitions import PeerPartitions, place_consecutively
+from planner.solve.scored import Scored
+from planner.solve.search import Search
+from planner.stages import StageSpec
+
+__all__ = ["PEERS", "Peer", "PeerBest", "PeerConfig", "Setting", "settle", "tune_peers"]
+
+# (microbatch size, number of microbatches) pairs: what the global batch allows.
+Setting = tuple[int, int]
+
+# Virtual stages per device tried for interleaved schedules.
+_VIRTUAL = (2, 3, 4)
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """One configuration a peer's user could run: the plan shape it gives (stages,
+    schedule, microbatching; recompute in the stages, all or none), named by the peer, its
+    partition method and its depth x data parallel.
+
+    Example::
+
+        config.describe()   # 'parameters, 4x2, mb 8 x 16, 1f1b'
+    """
+
+    peer: str
+    partition: str
+    depth: int
+    data_parallel: int
+    shape: PlanShape
+
+    @property
+    def recompute(self) -> bool:
+        """Whether activations are recomputed (users switch it on for every stage)."""
+        return any(s.recompute for s in self.shape.stages)
+
+    def checkpointed(self) -> PeerConfig:
+        """The same configuration with activation checkpointing on every stage."""
+        flags = [True] * len(self.shape.stages)
+        return dataclasses.replace(self, shape=self.shape.with_recompute(flags))
+
+    def describe(self) -> str:
+        """``partition, depth x dp, mb size x count, schedule[, recompute]``."""
+        s = self.shape
+        if self.partition == "pipedream":
+            layout = "+".join(str(len(st.devices)) for st in s.stages) + " replicas"
+        else:
+            layout = f"{self.depth}x{self.data_parallel}"
+        sched = s.schedule + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
+        text = f"{self.partition}, {layout}, mb {s.microbatch_size} x {s.num_microbatches}"
+        return text + f", {sched}" + (", recompute" if self.recompute else "")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer system: its partition methods, schedules and device layout; a named
+    generator of plan shapes (:meth:`configurations`).
+
+    Example::
+
+        Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",))
+    """
+
+    name: str
+    partitions: tuple[str, ...]
+    schedules: tuple[str, ...]
+    layout: str = "pipe-major"  # or "replica-major"
+
+    def configurations(
+        self, parts: PeerPartitions, settings: Sequence[Setting]
+    ) -> Iterator[PeerConfig | str]:
+        """Every configuration this peer's users could run here; a string says why a
+        (depth, partition) has none (its algorithm fails, layers do not divide, ...).
+
+        Example::
+
+            configs = [c for c in PEERS[0].configurations(PeerPartitions(profile, topology),
+                                                          [(4, 16)]) if isinstance(c, PeerConfig)]
+        """
+        if self.partitions == ("pipedream",):
+            yield from self._pipedream(parts, settings)
+            return
+        names = parts.topology.device_names()
+        n = parts.profile.num_layers
+        depths = [1] if self.partitions == ("one stage",) else _divisors(len(names))
+        for depth in depths:
+            if depth > n:
+                continue
+            dp = len(names) // depth
+            groups = _place(names, depth, dp, self.layout)
+            for mb, m in settings:
+                if m % dp:
+                    continue  # each of the dp pipelines needs the same number of microbatches
+                for method in self.partitions:
+                    for sched in self.schedules:
+                        for v in _virtual_counts(sched, depth, n):
+                            ranges = parts.partition(method, mb, depth * v)
+                            if isinstance(ranges, str):
+                                yield f"{method} on {depth * v} stages: {ranges}"
+                                continue
+                            where = family(sched).place(groups, v)
+                            placed = tuple(StageSpec(k, r, where[k]) for k, r in enumerate(ranges))
+                            shape = PlanShape(placed, sched, mb, m, v)
+                            yield PeerConfig(self.name, method, depth, dp, shape)
+
+    def _pipedream(
+        self, parts: PeerPartitions, settings: Sequence[Setting]
+    ) -> Iterator[PeerConfig | str]:
+        names = parts.topology.device_names()
+        for mb, m in settings:
+            stages = parts.pipedream_stages(mb)
+            if isinstance(stages, str):
+                yield stages
+                continue
+            placed = place_consecutively(stages, names)
+            if placed is None or max(len(s.devices) for s in placed) > m:
+                yield f"PipeDream's {len(stages)} stages need more microbatches than {m}"
+                continue
+            dp = max(len(s.devices) for s in placed)
+            for sched in self.schedules:
+                shape = PlanShape(placed, sched, mb, m)
+                yield PeerConfig(self.name, "pipedream", len(stages), dp, shape)
+
+
+PEERS: tuple[Peer, ...] = (
+    Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
+    Peer("torchgpipe", ("balance_by_time",), ("gpipe",), layout="replica-major"),
+    Peer("Megatron-LM", ("equal layers",), ("1f1b", "interleaved")),
+    Peer(
+        "torch.distributed.pipelining",
+        ("equal split",),
+        ("gpipe", "1f1b", "interleaved", "zb"),
+    ),
+    Peer("PipeDream", ("pipedream",), ("1f1b",)),
+    Peer("data parallel", ("one stage",), ("1f1b",)),
+)
+
+
+@dataclass(frozen=True)
+class PeerBest:
+    """A peer's best configuration and its simulation (both None when none runs and
+    fits).
+
+    Example::
+
+        best.peer, best.describe(), best.iteration_ms, best.feasible
+    """
+
+    peer: str
+    config: PeerConfig | None
+    scored: Scored | None
+    configurations: int  # runnable configurations considered
+    simulations: int  # of which simulated (or found simulated); the rest were bounded out
+    reason: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.scored is not None and self.scored.fits
+
+    @property
+    def iteration_ms(self) -> float | None:
+        return self.scored.iteration_ms if self.scored is not None else None
+
+    @property
+    def per_sample_ms(self) -> float:
+        return self.scored.per_sample_ms if self.feasible and self.scored else math.inf
+
+    def describe(self) -> str:
+        if self.config is None:
+            return self.reason or "no configuration"
+        return self.config.describe()
+
+
+def _place(names: Sequence[str], depth: int, dp: int, layout: str) -> list[tuple[str, ...]]:
+    """Each pipeline stage's replicas, in the order the all-reduce ring visits them."""
+    if layout == "replica-major":
+        return [tuple(names[j * depth + k] for j in range(dp)) for k in range(depth)]
+    return [tuple(names[k * dp : (k + 1) * dp]) for k in range(depth)]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:
+    if not family(schedule).interleaved:
+        return [1]
+    if depth < 2:
+        return []
+    return [v for v in _VIRTUAL if depth * v <= num_layers]
+
+
+# ------------------------------------------------------------------------------ the sweep
+
+
+def settle(search: Search, config: PeerConfig) -> tuple[PeerConfig, Scored]:
+    """``config`` scored by ``search`` without recompute, or with recompute on every stage
+    where memory needs it (as users switch activation checkpointing on): the configuration
+    as run and its simulation.
+
+    Example::
+
+        config, scored = settle(Search(profile, topology), config)
+    """
+    origin = f"peer {config.peer}"
+    plain = search.simulate_as_given(config.shape, origin)
+    if plain.fits or math.isinf(plain.iteration_ms):
+        return config, plain
+    checkpointed = config.checkpointed()
+    got = search.simulate_as_given(checkpointed.shape, origin)
+    return (checkpointed, got) if got.fits else (config, plain)
+
+
+def _best_of(
+    search: Search, configs: Sequence[PeerConfig]
+) -> tuple[tuple[PeerConfig, Scored] | None, int]:
+    """The fastest feasible configuration per sample, visiting configurations by lower
+    bound and stopping where the bound cannot beat the best found (ties: the earlier
+    configuration); one whose static memory overflows a device is passed over unsimulated
+    (it cannot fit). Also how many were simulated (or found simulated)."""
+    ranked = sorted(
+        ((search.bound_per_sample(c.shape), i, c) for i, c in enumerate(configs)),
+        key=lambda x: (x[0], x[1]),
+    )
+    best: tuple[PeerConfig, Scored] | None = None
+    best_key = (math.inf, math.inf)
+    simulated = 0
+    for bound, index, config in ranked:
+        if best is not None and bound >= best[1].per_sample_ms:
+            break
+        if search.overflows(config.shape):
+            continue
+        simulated += 1
+        settled, got = settle(search, config)
+        if got.fits and (got.per_sample_ms, index) < best_key:
+            best, best_key = (settled, got), (got.per_sample_ms, index)
+    return best, simulated
+
+
+def tune_peers(
+    search: Search,
+    settings: Sequence[Setting],
+    *,
+    peers: Sequence[Peer] = PEERS,
+    schedules: Sequence[str] | None = None,
+    parts: PeerPartitions | None = None,
+) -> list[PeerBest]:
+    """Each peer's best configuration over its sweep (see the module docstring), scored
+    through ``search`` (its cache, fits check and bound; a solve passes its own).
+
+    ``settings`` are the (microbatch size, number of microbatches) pairs the batch allows,
+    as :func:`planner.solve.solve` searches them. ``schedules`` replaces every peer's own
+    schedules (what ``solve --schedule`` asks for). ``parts``: the peers' partitions (of
+    the same profile and topology), to share with the peer defaults.
+
+    Example::
+
+        for best in tune_peers(Search(profile, topology), [(4, 16)]):
+            best.peer, best.describe(), best.iteration_ms
+    """
+    parts = parts or PeerPartitions(search.profile, search.topology)
+    out = []
+    for peer in peers:
+        if schedules is not None and peer.partitions != ("one stage",):
+            peer = Peer(peer.name, peer.partitions, tuple(schedules), peer.layout)
+        configs: list[PeerConfig] = []
+        reasons: list[str] = []
+        for c in peer.configurations(parts, settings):
+            if isinstance(c, str):
+                reasons.append(c)
+            else:
+                configs.append(c)
+        best, simulated = _best_of(search, configs)
+        if best is None:
+            reason = _why_none(configs, reasons)
+            out.append(PeerBest(peer.name, None, None, len(configs), simulated, reason))
+        else:
+            out.append(PeerBest(peer.name, *best, len(configs), simulated))
+    return out
+
+
+def _why_none(configs: Sequence[PeerConfig], reasons: Sequence[str]) -> str:
+    if configs:
+        return f"none of its {len(configs)} configurations fits in memory or runs"
+    if reasons:
+        return reasons[0]
+    return "no configuration divides the batch and the devices"
