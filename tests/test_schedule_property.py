@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.cost import synthetic_profile
-from planner.schedule import as_stream, build_schedule, in_flight_microbatches, validate_schedule
+from planner.schedule import as_stream, build_schedule, family, validate_schedule
 from planner.schedule.replicas import replica_round
 from planner.simulate import simulate
 from planner.stages import StageSpec
@@ -71,7 +71,7 @@ def test_every_schedule_runs_and_simulates_every_pipeline(
         result = simulate(prof, None, stages, name, m)
         assert result.iteration_ms >= result.lower_bound_ms * (1 - 1e-9)
         for spec in stages:
-            total = in_flight_microbatches(name, p, spec.id, m, rounds=rounds)
+            total = family(name).in_flight_microbatches(p, spec.id, m, rounds=rounds)
             peak = max(result.memory_bytes[d] for d in spec.devices) // SAVED
             assert peak == -(-total // len(spec.devices)), (name, spec.id)
         times[name] = result.iteration_ms
