@@ -11,6 +11,8 @@ Example::
 
 from __future__ import annotations
 
+from planner.terminal import printable
+
 __all__ = ["InfeasibleError", "InputError", "RunFailed"]
 
 
@@ -24,10 +26,11 @@ class InputError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        """``file: field: message`` with the missing parts left out, on one line."""
+        """``file: field: message`` with the missing parts left out, on one line, with any
+        control character (a terminal escape in a name or path) shown escaped."""
         parts = [str(p) for p in (self.file, self.field) if p]
         text = ": ".join([*parts, self.message])
-        return " ".join(text.split())
+        return printable(" ".join(text.split()))
 
 
 class InfeasibleError(InputError):
@@ -35,4 +38,8 @@ class InfeasibleError(InputError):
 
 
 class RunFailed(RuntimeError):
-    """A training run failed: a rank raised, died or hung; the message names it (one line)."""
+    """A training run failed: a rank raised, died or hung; the message names it (one line,
+    control characters escaped)."""
+
+    def __str__(self) -> str:
+        return printable(" ".join(super().__str__().split()))

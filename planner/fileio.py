@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from planner.datafile import decode_json, read_text
 from planner.errors import InputError
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "check_output_path",
+    "json_text",
     "read_json",
     "sha256_file",
 ]
@@ -100,11 +103,46 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
 
         atomic_write_json("plan.json", plan.to_dict())
     """
-    return atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
+    return atomic_write_text(path, json_text(obj, file=str(path)) + "\n")
+
+
+def json_text(obj: Any, *, indent: int = 1, file: str | None = None) -> str:
+    """``obj`` as JSON text that any JSON reader accepts: a NaN or Infinity (which
+    ``json.dumps`` would write as the non-JSON ``NaN``/``Infinity``) is one InputError
+    naming the field instead; ``file`` names the file it was going to.
+
+    Example::
+
+        print(json_text(prediction.to_dict()))
+    """
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError:
+        where, value = _first_non_finite(obj, "")
+        raise InputError(
+            f"the result is {value!r}, which JSON cannot hold; the inputs give numbers too "
+            "large to represent (see docs/limits.md)",
+            file=file,
+            field=where or None,
+        ) from None
+
+
+def _first_non_finite(obj: Any, where: str) -> tuple[str, float]:
+    stack: list[tuple[Any, str]] = [(obj, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return at, value
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+    return where, math.nan
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, turning a missing file or bad syntax into an :class:`InputError`.
+    """Read a JSON file strictly (:mod:`planner.datafile`), turning a missing file, bad
+    syntax, a duplicate key or a number out of range into an :class:`InputError`.
 
     Example::
 
@@ -113,10 +151,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     source = Path(path)
     if not source.is_file():
         raise InputError("file does not exist", file=str(source))
-    try:
-        return json.loads(source.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=str(source)) from None
+    # Strict: duplicate keys, long integers, NaN/Infinity, deep nesting, huge files refused.
+    return decode_json(read_text(source, what="a JSON file"), source=str(source))
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

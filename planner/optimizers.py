@@ -43,8 +43,9 @@ STATE_FACTORS: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 """Bytes of optimizer state per byte of parameters."""
 
 
-def check_optimizer(name: object, *, field: str = "optimizer") -> str:
-    """``name`` if pipeplan knows the optimizer, else one InputError naming ``field``.
+def check_optimizer(name: object, *, field: str = "optimizer", file: str | None = None) -> str:
+    """``name`` if pipeplan knows the optimizer, else one InputError naming ``field`` (and
+    ``file``, where the name came from one).
 
     Example::
 
@@ -53,6 +54,7 @@ def check_optimizer(name: object, *, field: str = "optimizer") -> str:
     if name not in STATE_FACTORS:
         raise InputError(
             f"expected one of {', '.join(STATE_FACTORS)}, got {name!r}",
+            file=file,
             field=field,
         )
     return str(name)

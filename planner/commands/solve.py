@@ -8,13 +8,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from planner.fileio import check_output_path
+from planner import terminal
+from planner.fileio import check_output_path, json_text
 from planner.profile import load_profile
 from planner.solve import solve
 from planner.topology import load_topology
@@ -86,7 +86,7 @@ def solve_command(
     plan.profile, plan.topology = plan.profile.for_plan(output), plan.topology.for_plan(output)
     plan.save(output)
     if as_json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(json_text(plan.to_dict()))
         return
     print_plan(plan, [layer.name for layer in prof.layers], output=output)
 
@@ -104,10 +104,9 @@ def print_plan(
 
         print_plan(plan, [layer.name for layer in profile.layers], output=Path("plan.json"))
     """
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(highlight=False)
+    console = console or terminal.console()
     sched, vs = plan.schedule.name, plan.schedule.virtual_stages
     title = (
         f"Plan: {len(plan.stages)} stages, schedule {sched}"
