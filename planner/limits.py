@@ -1,13 +1,14 @@
 """Every limit on a number, size, count, range or nesting that a user can give, in one place.
 
 Each limit is far above any real use (the docstring under each says which real use it is
-measured against) and exists so that a hostile or mistyped value is refused with one line
-*before* anything is allocated or computed from it: a 5000-digit integer, ``1e308`` bytes,
+measured against; :data:`MAX_ROUTED_DEVICES` is the exception, set by pipeplan's own cost)
+and exists so that a hostile or mistyped value is refused with one line *before* anything
+is allocated or computed from it: a 5000-digit integer, ``1e308`` bytes,
 ``gpu{0..99999999}`` or ``--microbatches 99999999999`` would otherwise end in a traceback,
 a MemoryError after minutes, or ``Infinity`` in a JSON file. Results computed from values
-inside these limits stay finite (the largest time, ``MAX_TIME_MS`` x ``MAX_LAYERS`` x
-``MAX_MICROBATCHES``, is about 1e19 ms; the largest transfer, ``MAX_BYTES`` over
-``MIN_BANDWIDTH``, about 1e21 ms), so the JSON pipeplan writes is always valid JSON.
+inside these limits stay finite (a layer's time over the slowest speed is at most 1e15 ms,
+a transfer of :data:`MAX_BYTES` over :data:`MIN_BANDWIDTH` about 1e21 ms; sums over every
+layer, stage and microbatch stay below 1e32), so the JSON pipeplan writes is valid JSON.
 docs/limits.md lists them for users.
 
 Example::
@@ -64,26 +65,30 @@ MAX_GLOBAL_BATCH = 10**9
 million samples (e.g. 4M-token batches of 2-8k-token sequences: 512-2048 sequences;
 ImageNet in minutes: 64k-128k images)."""
 
-MAX_SCHEDULE_OPS = 1_000_000
+MAX_SCHEDULE_OPS = 500_000
 """Stages x microbatches x virtual stages of one schedule: its compute actions, each of
-which also gets sends, receives and memory events (about 300 bytes each in memory).
-A 128-stage pipeline of 1,024 microbatches has 131,072; the limit keeps a schedule under
-about 1.5 GB."""
+which also gets sends, receives and memory events. A 128-stage pipeline of 1,024
+microbatches has 131,072. The cost grows linearly: 6 stages x 99,999 microbatches (600,000)
+took 15 s and 1.0 GB to simulate, 76 s and 2.0 GB to ``show`` on the development VM."""
 
 MAX_DEVICES = 100_000
-"""Devices in a topology (after ``{a..b}`` ranges and ``hosts`` are expanded), or in a
-plan. The largest published training run used 16,384 GPUs (Llama 3 405B); the largest
-single clusters hold about 100,000 (xAI Colossus, 2024)."""
+"""Names one ``{a..b}`` range or ``hosts`` entry may expand to, and devices named in a
+plan, a schedule or ``--stages``. The largest published training run used 16,384 GPUs
+(Llama 3 405B); the largest single clusters hold about 100,000 (xAI Colossus, 2024). A
+topology holds at most :data:`MAX_ROUTED_DEVICES`."""
 
-MAX_ROUTED_DEVICES = 20_000
-"""Devices whose all-pairs routes pipeplan can tabulate: it keeps three dense
-devices x devices tables (bandwidth, latency, hops: 20 bytes a pair), 8 GB at 20,000
-devices. Above every published training run (16,384 GPUs); a larger topology is refused
-before the tables are allocated."""
+MAX_ROUTED_DEVICES = 4_096
+"""Devices in one topology. The one limit set by pipeplan's own cost, not far above real
+use: a topology's routes are tabulated for every pair of devices when it is loaded, which
+took 0.6 GB and 4 s at 2,048 devices and 2.2 GB and 24 s at 4,096 on the 2-core
+development VM, growing with the square of the devices (about 9 GB at 8,192). Clusters of
+4,096 GPUs and more exist (the largest published run used 16,384); larger topologies are
+refused before any table is allocated until the routes scale."""
 
-MAX_LINKS = 1_000_000
-"""Links in a topology after ranges expand. A 100,000-GPU fat tree has about 3 per GPU;
-a full mesh of 1,415 devices already has 1,000,000."""
+MAX_LINKS = 200_000
+"""Links in a topology after ranges expand. A 4,096-GPU cluster of 8-GPU hosts with an
+NVLink mesh inside and a NIC per GPU has about 20,000; a full mesh of 633 devices already
+has 200,000 (3 s and 0.25 GB to load on the development VM)."""
 
 MAX_LINK_COUNT = 10_000
 """Parallel links in one ``count:`` (an H100 has 18 NVLinks)."""

@@ -62,8 +62,8 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         load_stages_arg("0-3:gpu0;4-7:gpu1", [1])
     """
     path = Path(text)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
-        if not path.is_file():
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or _is_file(path):
+        if not _is_file(path):
             raise InputError("file does not exist", file=text, field="--stages")
         data = _read_data(path, "--stages")
         if isinstance(data, dict):
@@ -85,15 +85,16 @@ def _schedule_arg(text: str) -> Any:
     looks_like_file = path.suffix.lower() in (".json", ".yaml", ".yml") or any(
         sep in text for sep in ("/", "\\")
     )
-    if looks_like_file and not path.is_file():
+    if looks_like_file and not _is_file(path):
         raise InputError(
             f"schedule file {text!r} does not exist (or give a schedule name: "
             f"{', '.join(SCHEDULES)})",
             field="--schedule",
         )
-    if not path.is_file():
+    if not _is_file(path):
         raise InputError(
-            f"unknown schedule {text!r}; expected one of {', '.join(SCHEDULES)} or a schedule file",
+            f"unknown schedule {text[:60]!r}; expected one of {', '.join(SCHEDULES)} or a "
+            "schedule file",
             field="--schedule",
         )
     data = _read_data(path, "--schedule")
@@ -102,6 +103,15 @@ def _schedule_arg(text: str) -> Any:
     if isinstance(data, dict):
         check_schedule_data(data, source=text)
     return Schedule.from_dict(data, source=text)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` names a file; False for text that cannot be a path (a name too
+    long for the file system, a NUL byte): such text is read as stages or a name."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _read_data(path: Path, flag: str) -> Any:
@@ -130,7 +140,7 @@ def _int_list(text: str | None, flag: str) -> list[int]:
 def _plan_microbatch_size(schedule: str) -> int | None:
     """A plan given as ``--schedule``: its microbatch size (the one its order was made for)."""
     path = Path(schedule)
-    if path.suffix.lower() not in (".json", ".yaml", ".yml") or not path.is_file():
+    if path.suffix.lower() not in (".json", ".yaml", ".yml") or not _is_file(path):
         return None
     try:
         data = _read_data(path, "--schedule")

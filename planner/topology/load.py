@@ -170,12 +170,20 @@ class _Builder:
                 raise self.fail(f"expected a string; got {value!r}", f"{field}.{key}")
             _text(value, self.source, f"{field}.{key}")
         names = expand_names(pattern, file=self.source, field=f"{field}.name")
-        if len(self.devices) + len(names) > MAX_DEVICES:
-            raise self.fail(f"more than {MAX_DEVICES:,} devices; expected at most that", field)
+        self.check_device_count(len(names), field)
         for name in names:
             self.claim(name, f"{field}.name")
             self.devices.append(Device(name, memory, float(speed), str(host), str(kind)))
             self.graph.add_node(name)
+
+    def check_device_count(self, more: int, field: str) -> None:
+        """Refuse more than :data:`MAX_ROUTED_DEVICES` devices, before they are built."""
+        if len(self.devices) + more > MAX_ROUTED_DEVICES:
+            raise self.fail(
+                f"{len(self.devices) + more:,} devices; pipeplan tabulates the routes between "
+                f"every pair of devices and handles at most {MAX_ROUTED_DEVICES:,}",
+                field,
+            )
 
     def add_switch(self, name: str, kind: str, field: str) -> None:
         names = expand_names(name, file=self.source, field=field)
@@ -316,13 +324,7 @@ def _add_hosts(
                 field=f"{gfield}.devices.count",
             )
         check_int(per_host, field=f"{gfield}.devices.count", high=MAX_DEVICES, file=source)
-        if len(builder.devices) + count * per_host > MAX_DEVICES:  # before any is built
-            raise InputError(
-                f"{count:,} hosts x {per_host:,} devices = {count * per_host:,} devices; "
-                f"expected at most {MAX_DEVICES:,} in the topology",
-                file=source,
-                field=f"{gfield}.count",
-            )
+        builder.check_device_count(count * per_host, f"{gfield}.count")  # before any is built
         dev_prefix = str(dev.pop("name", "gpu"))
         switch = group.get("switch")
         network = group.get("network")
@@ -454,13 +456,6 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
     for name, _ in builder.switches:
         if builder.graph.degree(name) == 0:
             raise InputError(f"switch {name!r} has no links", file=source, field="switches")
-    if len(builder.devices) > MAX_ROUTED_DEVICES:  # before the all-pairs route tables
-        raise InputError(
-            f"{len(builder.devices):,} devices; pipeplan tabulates the routes between every "
-            f"pair of devices and handles at most {MAX_ROUTED_DEVICES:,}",
-            file=source,
-            field="devices",
-        )
     name = data.get("name", Path(source).stem if source != "<topology>" else "topology")
     if not isinstance(name, str) or not name:
         raise InputError(f"expected a non-empty string; got {name!r}", file=source, field="name")
