@@ -51,7 +51,7 @@ def check_optimizer(name: object, *, field: str = "optimizer", file: str | None 
 
         check_optimizer("adamw", field="--optimizer")   # 'adamw'
     """
-    if name not in STATE_FACTORS:
+    if not isinstance(name, str) or name not in STATE_FACTORS:
         raise InputError(
             f"expected one of {', '.join(STATE_FACTORS)}, got {name!r}",
             file=file,

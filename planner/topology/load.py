@@ -400,7 +400,7 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
     # Checked before the keys: a profile or plan passed here would otherwise be reported as
     # an "unknown field" instead of the wrong kind of file.
     other = {"pipeplan.profile/v1": "profile", "pipeplan.plan/v1": "plan"}
-    if schema in other:
+    if isinstance(schema, str) and schema in other:
         raise InputError(
             f"this is a pipeplan {other[schema]} ({schema!r}); expected a topology YAML "
             f"({SCHEMA!r})",
