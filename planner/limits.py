@@ -40,9 +40,11 @@ __all__ = [
     "MAX_MICROBATCH_SIZE",
     "MAX_NAME_CHARS",
     "MAX_NESTING",
+    "MAX_REPEATS",
     "MAX_ROUTED_DEVICES",
     "MAX_SCHEDULE_OPS",
     "MAX_SPEED",
+    "MAX_THREADS",
     "MAX_TIME_LIMIT_S",
     "MAX_TIME_MS",
     "MIN_BANDWIDTH",
@@ -119,6 +121,13 @@ at most a few hundred times (a CPU against an H100)."""
 
 MAX_SPEED = 1e6
 """Fastest device ``speed``; see :data:`MIN_SPEED`."""
+
+MAX_REPEATS = 10_000
+"""Timed (``--repeat``) or untimed (``--warmup``) runs per layer when profiling; each timed
+run's time is kept. Real profiles use 3 to 100."""
+
+MAX_THREADS = 4_096
+"""CPU threads (``--threads``). The largest two-socket servers have 512 hardware threads."""
 
 MAX_TIME_LIMIT_S = 1e7
 """``solve --time-limit``, seconds (116 days). CBC solves pipeplan's programs in seconds

@@ -292,3 +292,31 @@ def test_names_are_shown_as_text_never_as_terminal_codes_or_markup(
     stage_row = next(line for line in out.splitlines() if re.search(r"\b0-2\b", line))
     device_rows = [line for line in out.splitlines() if "MiB" in line and "%" in line]
     assert name in stage_row and name in device_rows[0]
+
+
+def test_detect_refuses_an_nvlink_count_of_any_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for count in (DIGITS, "99999999"):
+        matrix = tmp_path / "topo.txt"
+        matrix.write_text(f"\tGPU0\tGPU1\nGPU0\t X \tNV{count}\nGPU1\tNV{count}\t X \n")
+        args = ["topology", "detect", "--from-file", str(matrix), "--memory", "80 GiB"]
+        line = _refused(capsys, *args)
+        assert "topo.txt: unknown link kind 'NV9999" in line and "expected X" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["-b", "99999999999"], "-b: expected an integer from 1 to 1,000,000"),
+        (["--repeat", str(10**12)], "--repeat: expected an integer from 1 to 10,000"),
+        (["--warmup", str(10**12)], "--warmup: expected an integer from 0 to 10,000"),
+    ],
+)
+def test_profile_refuses_counts_it_would_allocate_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    out = tmp_path / "p.json"
+    model = str(ROOT / "examples" / "mlp.py")
+    assert needle in _refused(capsys, "profile", model, "-o", str(out), *flags)
+    assert not out.exists()
