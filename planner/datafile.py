@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,9 +214,10 @@ def _check_tree(data: Any, source: str) -> None:
         if not isinstance(value, dict | list) or id(value) in seen:
             continue
         seen.add(id(value))
-        if depth >= MAX_NESTING:
+        if depth >= MAX_NESTING:  # named by its top-level key: the full path is as deep
+            top = re.split(r"[.\[]", where, maxsplit=1)[0]
             raise InputError(
-                f"nested deeper than {MAX_NESTING} levels", file=source, field=where or None
+                f"nested deeper than {MAX_NESTING} levels", file=source, field=top or None
             )
         if isinstance(value, _Pairs) and value.duplicate is not None:
             raise InputError(

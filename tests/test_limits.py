@@ -320,3 +320,31 @@ def test_profile_refuses_counts_it_would_allocate_for(
     model = str(ROOT / "examples" / "mlp.py")
     assert needle in _refused(capsys, "profile", model, "-o", str(out), *flags)
     assert not out.exists()
+
+
+def test_strict_decoding_names_the_field_and_allows_yaml_merge_keys() -> None:
+    from planner.datafile import decode_json, decode_yaml
+    from planner.errors import InputError
+
+    cases = [
+        (lambda: decode_json('{"a": [{"b": 1, "b": 2}]}', source="f.json"), "a[0]", "'b'"),
+        (lambda: decode_json('{"a": {"n": NaN}}', source="f.json"), "a.n", "finite"),
+        (lambda: decode_json('{"a": [1e400]}', source="f.json"), "a[0]", "finite"),
+        (lambda: decode_json('{"a": ' + "[" * 70 + "]" * 70 + "}", source="f.json"), "a", "64"),
+        (lambda: decode_yaml("a:\n  b: 1\n  b: 2\n", source="f.yaml"), "a", "'b'"),
+        (lambda: decode_yaml(f"a: {DIGITS}\n", source="f.yaml"), "a", "5000 digits"),
+    ]
+    for decode, field, needle in cases:
+        with pytest.raises(InputError) as info:
+            decode()
+        assert info.value.field == field and needle in info.value.message
+        assert info.value.file in ("f.json", "f.yaml")
+    merged = decode_yaml("base: &b {bw: 1, lat: 2}\nlink:\n  <<: *b\n  bw: 3\n", source="f.yaml")
+    assert merged["link"] == {"bw": 3, "lat": 2}
+
+
+def test_printable_escapes_what_a_terminal_would_act_on() -> None:
+    from planner.terminal import printable
+
+    assert printable("gpu0 [bold] :smile: µs") == "gpu0 [bold] :smile: µs"
+    assert printable("a\x1b[2Jb\u202ec\nd") == "a\\x1b[2Jb\\u202ec\\nd"
