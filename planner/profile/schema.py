@@ -243,8 +243,17 @@ class Profile:
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the profile atomically as JSON."""
-        atomic_write_json(path, self.to_dict())
+        """Write the profile atomically as JSON, after checking that :func:`load_profile`
+        will read it back (a layer name with a control character, a number beyond
+        :mod:`planner.limits`: one InputError naming ``path`` and the field, nothing written).
+
+        Example::
+
+            profile.save("profiles/mlp.json")
+        """
+        data = self.to_dict()
+        profile_from_dict(data, source=str(path))
+        atomic_write_json(path, data)
 
 
 def _layer_dict(layer: Layer) -> dict[str, Any]:
