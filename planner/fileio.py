@@ -103,20 +103,21 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
 
         atomic_write_json("plan.json", plan.to_dict())
     """
-    return atomic_write_text(path, json_text(obj, file=str(path)) + "\n")
+    return atomic_write_text(path, json_text(obj, file=str(path)))
 
 
-def json_text(obj: Any, *, indent: int = 1, file: str | None = None) -> str:
-    """``obj`` as JSON text that any JSON reader accepts: a NaN or Infinity (which
-    ``json.dumps`` would write as the non-JSON ``NaN``/``Infinity``) is one InputError
-    naming the field instead; ``file`` names the file it was going to.
+def json_text(obj: Any, *, file: str | None = None) -> str:
+    """``obj`` as pipeplan writes JSON (indented, one trailing newline) that any JSON
+    reader accepts: a NaN or Infinity (which ``json.dumps`` would write as the non-JSON
+    ``NaN``/``Infinity``) is one InputError naming the field instead; ``file`` names the
+    file it was going to.
 
     Example::
 
-        print(json_text(prediction.to_dict()))
+        json_text({"a": 1})   # '{\\n "a": 1\\n}\\n'
     """
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False)
+        return json.dumps(obj, indent=1, allow_nan=False) + "\n"
     except ValueError:
         where, value = _first_non_finite(obj, "")
         raise InputError(

@@ -77,7 +77,7 @@ def show_command(
         out = Prediction.from_result(result).to_dict()
         out["stored_iteration_ms"] = stored
         out["written"] = written
-        print(json_text(out))
+        print(json_text(out), end="")
         return
     from planner.render import print_report
 

@@ -434,7 +434,7 @@ def _emit(
         out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
         out["written"] = files
-        print(json_text(out))
+        print(json_text(out), end="")
         return
     console = terminal.console()
     print_report(result, console, stages=specs, title=title, gantt=gantt)

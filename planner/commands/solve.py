@@ -86,7 +86,7 @@ def solve_command(
     plan.profile, plan.topology = plan.profile.for_plan(output), plan.topology.for_plan(output)
     plan.save(output)
     if as_json:
-        print(json_text(plan.to_dict()))
+        print(json_text(plan.to_dict()), end="")
         return
     print_plan(plan, [layer.name for layer in prof.layers], output=output)
 
