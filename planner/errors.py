@@ -11,7 +11,13 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleError", "InputError", "RunFailed"]
+from planner.terminal import printable
+
+__all__ = ["MAX_MESSAGE_CHARS", "InfeasibleError", "InputError", "RunFailed"]
+
+MAX_MESSAGE_CHARS = 1000
+"""Characters of one error line: every message of pipeplan's own is far shorter; a value
+from a file quoted in one (a 5000-digit number, a long list) is cut to fit."""
 
 
 class InputError(Exception):
@@ -24,10 +30,20 @@ class InputError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        """``file: field: message`` with the missing parts left out, on one line."""
+        """``file: field: message`` with the missing parts left out, on one line, with any
+        control character (a terminal escape in a name or path) shown escaped, and at most
+        :data:`MAX_MESSAGE_CHARS` long (a hostile value quoted in it is cut short).
+
+        Example::
+
+            InputError("expected a name", file="t.yaml", field="name").one_line()
+        """
         parts = [str(p) for p in (self.file, self.field) if p]
-        text = ": ".join([*parts, self.message])
-        return " ".join(text.split())
+        text = printable(" ".join(": ".join([*parts, self.message]).split()))
+        if len(text) > MAX_MESSAGE_CHARS:
+            cut = len(text) - MAX_MESSAGE_CHARS + 40
+            text = f"{text[: MAX_MESSAGE_CHARS - 40]}... ({cut:,} more characters)"
+        return text
 
 
 class InfeasibleError(InputError):
@@ -35,4 +51,8 @@ class InfeasibleError(InputError):
 
 
 class RunFailed(RuntimeError):
-    """A training run failed: a rank raised, died or hung; the message names it (one line)."""
+    """A training run failed: a rank raised, died or hung; the message names it (one line,
+    control characters escaped)."""
+
+    def __str__(self) -> str:
+        return printable(" ".join(super().__str__().split()))

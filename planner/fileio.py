@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from planner.datafile import decode_json, read_text
 from planner.errors import InputError
 
 __all__ = [
@@ -289,16 +291,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def json_text(obj: Any) -> str:
-    """``obj`` as pipeplan writes JSON files: indented, one trailing newline.
-
-    Example::
-
-        json_text({"a": 1})   # '{\\n "a": 1\\n}\\n'
-    """
-    return json.dumps(obj, indent=1) + "\n"
-
-
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically.
 
@@ -306,21 +298,55 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
 
         atomic_write_json("plan.json", plan.to_dict())
     """
-    return atomic_write_text(path, json_text(obj))
+    return atomic_write_text(path, json_text(obj, file=str(path)))
+
+
+def json_text(obj: Any, *, file: str | None = None) -> str:
+    """``obj`` as pipeplan writes JSON (indented, one trailing newline) that any JSON
+    reader accepts: a NaN or Infinity (which ``json.dumps`` would write as the non-JSON
+    ``NaN``/``Infinity``) is one InputError naming the field instead; ``file`` names the
+    file it was going to.
+
+    Example::
+
+        json_text({"a": 1})   # '{\\n "a": 1\\n}\\n'
+    """
+    try:
+        return json.dumps(obj, indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        where, value = _first_non_finite(obj, "")
+        raise InputError(
+            f"the result is {value!r}, which JSON cannot hold; the inputs give numbers too "
+            "large to represent (see docs/limits.md)",
+            file=file,
+            field=where or None,
+        ) from None
+
+
+def _first_non_finite(obj: Any, where: str) -> tuple[str, float]:
+    stack: list[tuple[Any, str]] = [(obj, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return at, value
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+    return where, math.nan
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file, turning a missing file or bad syntax into an :class:`InputError`.
+    """Read a JSON file strictly (:mod:`planner.datafile`), turning a missing file, bad
+    syntax, a duplicate key or a number out of range into an :class:`InputError`.
 
     Example::
 
         data = read_json("profiles/gpt.json")
     """
     source = check_input_file(path)
-    try:
-        return json.loads(source.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", file=str(source)) from None
+    # Strict: duplicate keys, long integers, NaN/Infinity, deep nesting, huge files refused.
+    return decode_json(read_text(source, what="a JSON file"), source=str(source))
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

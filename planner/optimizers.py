@@ -43,16 +43,18 @@ STATE_FACTORS: dict[str, int] = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 """Bytes of optimizer state per byte of parameters."""
 
 
-def check_optimizer(name: object, *, field: str = "optimizer") -> str:
-    """``name`` if pipeplan knows the optimizer, else one InputError naming ``field``.
+def check_optimizer(name: object, *, field: str = "optimizer", file: str | None = None) -> str:
+    """``name`` if pipeplan knows the optimizer, else one InputError naming ``field`` (and
+    ``file``, where the name came from one).
 
     Example::
 
         check_optimizer("adamw", field="--optimizer")   # 'adamw'
     """
-    if name not in STATE_FACTORS:
+    if not isinstance(name, str) or name not in STATE_FACTORS:
         raise InputError(
             f"expected one of {', '.join(STATE_FACTORS)}, got {name!r}",
+            file=file,
             field=field,
         )
     return str(name)

@@ -196,7 +196,7 @@ class Outputs:
 
             outs.write_json(plan_path, plan.to_dict())
         """
-        return self.write_text(path, json_text(obj))
+        return self.write_text(path, json_text(obj, file=str(path)))
 
     # ---------------------------------------------------------------- committing
 

@@ -10,9 +10,12 @@ solver's facts a :class:`~planner.plan_parts.SolverInfo` and each baseline row a
 here: :func:`validate_stages` is the single check that a partition covers the model's
 layers exactly once on known, distinct devices).
 
-Unknown keys: the plan's top level and its prediction, solver, baselines and file
-references keep keys they do not know (``extra``) and write them back; the schedule,
-which ``run`` executes, refuses them (an unknown key could change what must run).
+Unknown keys: the plan's prediction, solver, baselines and file references keep keys they
+do not know (``extra``: facts a newer solver reports) and write them back; the top level,
+the stages and the schedule, which decide what ``run`` executes, refuse them (an unknown
+key there could change what must run), naming the known ones. Numbers are checked against
+:mod:`planner.limits`; the schedule's name must be a family's or, for a hand-written order,
+a name that is not a family's order renamed.
 
 Example::
 
@@ -26,12 +29,22 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
+from planner.limits import (
+    MAX_ACTION_CHARS,
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_MICROBATCH_SIZE,
+    MAX_MICROBATCHES,
+    check_int,
+    check_name,
+)
 from planner.plan_parts import (
     Baseline,
     FileRef,
@@ -39,8 +52,9 @@ from planner.plan_parts import (
     SimulatedRun,
     SolverInfo,
 )
+from planner.schedule import build_schedule
 from planner.schedule.actions import Schedule
-from planner.schedule.families import is_interleaved
+from planner.schedule.families import FAMILIES, is_interleaved
 from planner.schedule.validate import validate_schedule
 from planner.shape import PlanShape
 from planner.stages import (
@@ -50,6 +64,7 @@ from planner.stages import (
     stages_from_data,
     validate_stages,
 )
+from planner.terminal import is_printable
 
 __all__ = [
     "SCHEMA",
@@ -59,6 +74,8 @@ __all__ = [
     "PlanShape",
     "Prediction",
     "SimulatedPlan",
+    "check_schedule_data",
+    "check_schedule_name",
     "SolverInfo",
     "StageSpec",
     "as_stages",
@@ -280,12 +297,23 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
     bad = _non_finite(data, "")
     if bad is not None:
         fail(bad[0], f"expected a finite number, got {bad[1]!r}")
+    unknown = sorted(str(k) for k in data if k not in _KNOWN)
+    if unknown:
+        fail(
+            unknown[0],
+            f"unknown field; expected one of {', '.join(sorted(_KNOWN))} (was the plan "
+            "written by a newer pipeplan?)",
+        )
     profile = FileRef.from_dict(data.get("profile"), "profile", source=source)
     topology = FileRef.from_dict(data.get("topology"), "topology", source=source, optional=True)
-    for key in ("microbatch_size", "num_microbatches"):
+    for key, high in (
+        ("microbatch_size", MAX_MICROBATCH_SIZE),
+        ("num_microbatches", MAX_MICROBATCHES),
+    ):
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             fail(key, f"expected a positive integer, got {value!r}")
+        check_int(value, field=key, high=high, file=source)
     stages = stages_from_data(data.get("stages"), source=source)
     schedule = _read_schedule(data.get("schedule"), source=source)
     baselines = data.get("baselines", [])
@@ -301,9 +329,9 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
         predicted=_prediction(data.get("predicted"), source=source),
         solver=_solver(data.get("solver"), source=source),
         baselines=[Baseline.from_dict(b, i, source=source) for i, b in enumerate(baselines)],
-        extra={k: v for k, v in data.items() if k not in _KNOWN},
     )
     plan.validate(source=source)
+    check_schedule_name(plan.schedule, plan.stages, source=source)
     return plan
 
 
@@ -319,8 +347,8 @@ def _read_schedule(raw: Any, *, source: str = "<plan>") -> Schedule:
     unknown = sorted(set(raw) - _SCHEDULE_KEYS)
     if unknown:
         raise InputError(
-            f"unknown field (this pipeplan knows {', '.join(sorted(_SCHEDULE_KEYS))}; "
-            "was the plan written by a newer version?)",
+            f"unknown field; expected one of {', '.join(sorted(_SCHEDULE_KEYS))} (was the "
+            "plan written by a newer pipeplan?)",
             file=source,
             field=f"schedule.{unknown[0]}",
         )
@@ -332,7 +360,102 @@ def _read_schedule(raw: Any, *, source: str = "<plan>") -> Schedule:
         raise InputError(
             f"expected an object, got {raw['meta']!r}", file=source, field="schedule.meta"
         )
+    check_schedule_data(raw, source=source)
     return Schedule.from_dict(dict(raw), source=source)
+
+
+# A schedule action's stage and microbatch numbers (``SEND_F12.345->gpu7``): at most the
+# digits of MAX_LAYERS and MAX_MICROBATCHES, so that reading them allocates nothing large.
+_ACTION_NUMBERS = re.compile(r"^\s*[A-Za-z_]*(\d*)(?:\.(\d*))?")
+
+
+def check_schedule_data(raw: Mapping[str, Any], *, source: str = "<plan>") -> None:
+    """The limits of a decoded schedule object, checked before its actions are parsed: a
+    printable name, device names, at most :data:`MAX_ACTION_CHARS` characters an action,
+    stage and microbatch numbers below :data:`MAX_LAYERS` and :data:`MAX_MICROBATCHES`.
+
+    Example::
+
+        check_schedule_data(json.load(open("plan.json"))["schedule"], source="plan.json")
+    """
+    check_name(raw.get("name"), file=source, field="schedule.name")
+    devices = raw.get("devices")
+    if not isinstance(devices, Mapping):
+        return  # Schedule.from_dict says what was expected
+    if len(devices) > MAX_DEVICES:
+        raise InputError(
+            f"{len(devices):,} devices; expected at most {MAX_DEVICES:,}",
+            file=source,
+            field="schedule.devices",
+        )
+    for dev, items in devices.items():
+        where = f"schedule.devices.{dev}"
+        check_name(dev, file=source, field="schedule.devices")
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(item, str):
+                continue  # Action.parse says what was expected
+            numbers = _ACTION_NUMBERS.match(item)
+            too_long = len(item) > MAX_ACTION_CHARS or not is_printable(item)
+            if too_long or (numbers is not None and max(map(len, numbers.groups(""))) > 6):
+                raise InputError(
+                    f"expected an action such as F0.3 or SEND_F0.3->gpu1 (at most "
+                    f"{MAX_ACTION_CHARS} characters, stage < {MAX_LAYERS:,}, microbatch < "
+                    f"{MAX_MICROBATCHES:,})",
+                    file=source,
+                    field=f"{where}[{i}]",
+                )
+
+
+def check_schedule_name(
+    schedule: Schedule, stages: Sequence[StageSpec], *, source: str = "<plan>"
+) -> None:
+    """Refuse a schedule whose name contradicts its lists: a family's name on lists that
+    do not keep its rule (its ``flush``; backwards split into I and W only by ``zb`` and
+    ``optimized``), or a name outside the families on lists that are exactly what a family
+    generates (a generated plan renamed, e.g. ``bogus``: name it after the family). Any
+    other name is a hand-written order's (``simulate --schedule FILE``).
+
+    Example::
+
+        check_schedule_name(plan.schedule, plan.stages, source="plan.json")
+    """
+    name = schedule.name
+    known = ", ".join(FAMILIES)
+
+    def fail(message: str) -> None:
+        raise InputError(message, file=source, field="schedule.name")
+
+    if name in FAMILIES:
+        rules = FAMILIES[name]
+        if rules.flush != schedule.flush:
+            fail(
+                f"schedule {name!r} {'flushes' if rules.flush else 'does not flush'} every "
+                f"iteration, but schedule.flush is {str(schedule.flush).lower()}"
+            )
+        if schedule.splits_backward and not (rules.split_backward or rules.searched):
+            fail(
+                f"schedule {name!r} does not split backwards into input (I) and weight (W) "
+                "halves, but the lists do; expected 'zb' (or a hand-written order's own name)"
+            )
+        return
+    for family_name, rules in FAMILIES.items():
+        if rules.searched or rules.flush != schedule.flush:
+            continue
+        try:
+            generated = build_schedule(family_name, stages, schedule.num_microbatches)
+        except InputError:
+            continue  # the family cannot run these stages
+        if generated.num_stages == schedule.num_stages and _same_lists(generated, schedule):
+            fail(
+                f"unknown schedule {name!r}; expected one of {known} (these lists are exactly "
+                f"what {family_name!r} generates; a hand-written order may have its own name)"
+            )
+
+
+def _same_lists(a: Schedule, b: Schedule) -> bool:
+    return {d: [str(x) for x in acts] for d, acts in a.devices.items()} == {
+        d: [str(x) for x in acts] for d, acts in b.devices.items()
+    }
 
 
 def _file_ref(ref: FileRef | Mapping[str, Any], key: str) -> FileRef:

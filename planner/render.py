@@ -23,6 +23,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.terminal import printable
 from planner.units import format_bytes
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def print_report(
 
     Example::
 
-        print_report(result, Console(), stages=stages, title="my plan")
+        print_report(result, planner.terminal.console(), stages=stages, title="my plan")
     """
     from rich.table import Table
 
@@ -175,7 +176,7 @@ def print_report(
             if d in result.memory_limit_bytes
             and result.memory_bytes[d] > result.memory_limit_bytes[d]
         ]
-        console.print(f"[red]Does not fit in memory on: {', '.join(over)}[/red]")
+        console.print(f"Does not fit in memory on: {', '.join(over)}", style="red")
     if gantt and result.events:
         label_w = max(max((len(d) for d in result.device_names), default=4), 4) + 1
         cols = width if width is not None else max(30, console.width - label_w - 12)
@@ -190,7 +191,7 @@ def gantt_text(result: SimResult, *, width: int = 100) -> Text:
 
     Example::
 
-        Console().print(gantt_text(result, width=80))
+        planner.terminal.console().print(gantt_text(result, width=80))
     """
     from rich.text import Text
 
@@ -199,12 +200,13 @@ def gantt_text(result: SimResult, *, width: int = 100) -> Text:
     span = max(result.makespan_ms, result.iteration_ms, 1e-12)
     dt = span / width
     rows = _by_device(result)
-    label_w = max(max((len(d) for d in rows), default=4), 4) + 1
+    labels = {d: printable(d) for d in rows}  # names as text, never as terminal codes
+    label_w = max(max((len(d) for d in labels.values()), default=4), 4) + 1
     out = Text()
     out.append(f"{'time':<{label_w}}0 ms", style="bold")
     out.append(f"{_fmt_ms(span) + ' ms':>{width - 4}}\n", style="bold")
     for dev, evs in rows.items():
-        out.append(f"{dev:<{label_w}}", style="bold")
+        out.append(f"{labels[dev]:<{label_w}}", style="bold")
         i = 0
         for c in range(width):
             t = (c + 0.5) * dt

@@ -23,11 +23,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
+from planner.limits import MAX_DEVICES, MAX_LAYERS, check_name
 
 if TYPE_CHECKING:
     from planner.topology import Topology
 
 __all__ = [
+    "STAGE_FIELDS",
     "StageSpec",
     "as_stages",
     "parse_stages",
@@ -35,6 +37,10 @@ __all__ = [
     "stages_from_data",
     "validate_stages",
 ]
+
+# The fields of a stage object (StageSpec.to_dict); any other is refused: a field this
+# version does not know could change what runs.
+STAGE_FIELDS = frozenset({"id", "layers", "devices", "recompute", "tensor_parallel"})
 
 
 @dataclass(frozen=True)
@@ -117,19 +123,32 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
     """
     if not isinstance(raw, list) or not raw:
         raise InputError("expected a non-empty list of stages", file=source, field="stages")
+    if len(raw) > MAX_LAYERS:
+        raise InputError(
+            f"{len(raw):,} stages; expected at most {MAX_LAYERS:,}", file=source, field="stages"
+        )
     stages = []
     for i, item in enumerate(raw):
         where = f"stages[{i}]"
         if not isinstance(item, dict):
             raise InputError("expected an object", file=source, field=where)
+        unknown = sorted(str(k) for k in item if k not in STAGE_FIELDS)
+        if unknown:
+            raise InputError(
+                f"unknown field; expected one of {', '.join(sorted(STAGE_FIELDS))}",
+                file=source,
+                field=f"{where}.{unknown[0]}",
+            )
         layers = item.get("layers")
         ok = isinstance(layers, list | tuple) and len(layers) == 2
         ok = ok and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in layers or ()
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_LAYERS
+            for x in layers or ()
         )
         if not ok:
             raise InputError(
-                f"expected [first, last] layer indices (integers >= 0), got {layers!r}",
+                f"expected [first, last] layer indices (integers from 0 to {MAX_LAYERS - 1:,}), "
+                f"got {_clip(layers)}",
                 file=source,
                 field=f"{where}.layers",
             )
@@ -138,10 +157,11 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
             devices = [devices]
         if not isinstance(devices, list) or not all(isinstance(d, str) and d for d in devices):
             raise InputError(
-                f"expected a list of device names, got {devices!r}",
+                f"expected a list of device names, got {_clip(devices)}",
                 file=source,
                 field=f"{where}.devices",
             )
+        _check_devices(devices, source, f"{where}.devices")
         sid = item.get("id", i)
         if isinstance(sid, bool) or not isinstance(sid, int) or sid != i:
             raise InputError(
@@ -176,6 +196,21 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
     return stages
 
 
+def _check_devices(devices: list[str], source: str | None, where: str) -> None:
+    """At most :data:`MAX_DEVICES` names, each a printable name (no terminal escapes)."""
+    if len(devices) > MAX_DEVICES:
+        raise InputError(
+            f"{len(devices):,} devices; expected at most {MAX_DEVICES:,}", file=source, field=where
+        )
+    for name in devices:
+        check_name(name, file=source, field=where)
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]:
     """Parse the ``--stages`` shorthand ``"0-3:gpu0,gpu1;4-7:gpu2"``.
 
@@ -192,18 +227,23 @@ def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]
     parts = [p.strip() for p in text.split(";") if p.strip()]
     if not parts:
         raise InputError("expected stages like '0-3:gpu0,gpu1;4-7:gpu2'", field="--stages")
+    if len(parts) > MAX_LAYERS:
+        raise InputError(
+            f"{len(parts):,} stages; expected at most {MAX_LAYERS:,}", field="--stages"
+        )
     for i, part in enumerate(parts):
         span, sep, devs = part.partition(":")
         first_s, dash, last_s = span.strip().partition("-")
         if not dash:
             last_s = first_s
-        try:
-            first, last = int(first_s), int(last_s)
-        except ValueError:
+        ok = all(s.strip().isdecimal() and len(s.strip()) <= 9 for s in (first_s, last_s))
+        if not ok or max(int(first_s), int(last_s)) >= MAX_LAYERS:
             raise InputError(
-                f"stage {i}: expected FIRST-LAST:DEVICES like '0-3:gpu0', got {part!r}",
+                f"stage {i}: expected FIRST-LAST:DEVICES like '0-3:gpu0' (layers from 0 to "
+                f"{MAX_LAYERS - 1:,}), got {_clip(part)}",
                 field="--stages",
-            ) from None
+            )
+        first, last = int(first_s), int(last_s)
         groups = [
             tuple(d.strip() for d in g.split("+") if d.strip())
             for g in devs.split(",")
@@ -211,20 +251,22 @@ def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]
         ]
         if not sep or not groups or not all(groups):
             raise InputError(
-                f"stage {i}: expected at least one device after ':', got {part!r}",
+                f"stage {i}: expected at least one device after ':', got {_clip(part)}",
                 field="--stages",
             )
         if len({len(g) for g in groups}) != 1:
             raise InputError(
                 f"stage {i}: expected tensor-parallel groups of one size (joined by '+'), "
-                f"got {part!r}",
+                f"got {_clip(part)}",
                 field="--stages",
             )
+        devices = [d for g in groups for d in g]
+        _check_devices(devices, None, "--stages")
         stages.append(
             StageSpec(
                 id=i,
                 layers=(first, last),
-                devices=tuple(d for g in groups for d in g),
+                devices=tuple(devices),
                 recompute=i in recompute,
                 tensor_parallel=len(groups[0]),
             )

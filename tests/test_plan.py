@@ -205,23 +205,29 @@ def test_older_plans_keep_their_own_fields() -> None:
     assert stepped.predicted.step_ms and stepped.solver == SolverInfo.manual()
 
 
-def test_unknown_keys_are_kept_except_in_the_schedule(tmp_path: Path) -> None:
+def test_unknown_keys_are_kept_in_reports_and_refused_where_they_decide_what_runs(
+    tmp_path: Path,
+) -> None:
     data = _plan(tmp_path).to_dict()
-    data["note"] = {"by": "hand"}
     data["profile"]["mtime"] = 12
     data["predicted"]["energy_j"] = 3.5
     data["solver"]["machine"] = "ci"
     data["baselines"] = [{"name": "u", "iteration_ms": None, "feasible": False, "why": "x"}]
     plan = plan_from_dict(data, source="plan.json")
-    assert plan.extra == {"note": {"by": "hand"}} and plan.profile.extra == {"mtime": 12}
+    assert plan.profile.extra == {"mtime": 12}
     assert plan.predicted is not None and plan.predicted.extra == {"energy_j": 3.5}
     assert plan.baselines == [Baseline("u", None, False, extra={"why": "x"})]
     plan.save(tmp_path / "kept.json")
     assert json.loads((tmp_path / "kept.json").read_text()) == data
-    data["schedule"]["weight_versions"] = 2
-    with pytest.raises(InputError) as info:
-        plan_from_dict(data, source="plan.json")
-    assert info.value.field == "schedule.weight_versions" and info.value.file == "plan.json"
+    for where, key in (("", "tensor_parallel"), ("stages", "tp_groups"), ("schedule", "zb")):
+        bad = json.loads(json.dumps(data))
+        target = bad if not where else bad[where][0] if where == "stages" else bad[where]
+        target[key] = 2
+        with pytest.raises(InputError) as info:
+            plan_from_dict(bad, source="plan.json")
+        field = key if not where else f"stages[0].{key}" if where == "stages" else f"{where}.{key}"
+        assert info.value.field == field and info.value.file == "plan.json"
+        assert info.value.message.startswith("unknown field; expected one of ")
 
 
 def test_missing_optional_fields_are_fine(tmp_path: Path) -> None:

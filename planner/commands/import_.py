@@ -107,8 +107,9 @@ def _report(profile: Profile, target: Path, as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=1))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from planner import terminal
 
     table = Table(title=f"PipeDream profile -> {target}", show_header=False)
     for key, value in summary.items():
@@ -116,7 +117,7 @@ def _report(profile: Profile, target: Path, as_json: bool) -> None:
             table.add_row(
                 key.replace("_", " "), f"{value:,}" if isinstance(value, int) else str(value)
             )
-    Console().print(table)
+    terminal.console(highlight=True).print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -136,11 +136,10 @@ def run_command(
     if as_json:
         print(json.dumps(dict(report.to_dict(), outputs=outputs), indent=2))
         return
-    from rich.console import Console
-
+    from planner import terminal
     from planner.runtime.report import print_run_report
 
-    console = Console()
+    console = terminal.console(highlight=True)
     print_run_report(report, console)
     for what, where in outputs.items():
         console.print(f"wrote {what.replace('_', ' ')}: {where}")

@@ -11,17 +11,20 @@ Example::
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
+from planner import terminal
 from planner.errors import InputError
-from planner.fileio import check_input_file
+from planner.fileio import check_input_file, json_text
+from planner.limits import MAX_GANTT_WIDTH, check_int
 from planner.outputs import Outputs
 from planner.plan import Plan, Prediction
 
-__all__ = ["register", "show_command"]
+__all__ = ["naming_plan", "register", "show_command"]
 
 
 def show_command(
@@ -38,7 +41,7 @@ def show_command(
     width: int | None = typer.Option(
         None,
         "--width",
-        help="Columns of the terminal Gantt chart (at least 20).",
+        help="Columns of the terminal Gantt chart (20 to 10000).",
         show_default=False,
     ),
     no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the terminal Gantt chart."),
@@ -56,12 +59,15 @@ def show_command(
         raise InputError(
             f"expected at least {MIN_GANTT_WIDTH} columns, got {width}", field="--width"
         )
+    if width is not None:
+        check_int(width, field="--width", low=MIN_GANTT_WIDTH, high=MAX_GANTT_WIDTH)
     outs = Outputs([("the plan", check_input_file(plan_file))])
     for path, flag in ((svg, "--svg"), (html, "--html"), (trace, "--trace")):
         outs.file(path, flag)
-    plan = Plan.load(plan_file)
-    outs.add_inputs(plan_files(plan, plan_file))
-    result = resimulate(plan, plan_file)
+    with naming_plan(plan_file):
+        plan = Plan.load(plan_file)
+        outs.add_inputs(plan_files(plan, plan_file))
+        result = resimulate(plan, plan_file)
     name = plan.schedule.name
     title = (
         f"{plan_file.name}: {name}, {len(plan.stages)} stages, {plan.num_microbatches} "
@@ -74,13 +80,11 @@ def show_command(
         out = Prediction.from_result(result).to_dict()
         out["stored_iteration_ms"] = stored
         out["written"] = written
-        print(json.dumps(out, indent=1))
+        print(json_text(out), end="")
         return
-    from rich.console import Console
-
     from planner.render import print_report
 
-    console = Console(highlight=False)
+    console = terminal.console()
     print_report(result, console, stages=plan.stages, title=title, gantt=not no_gantt, width=width)
     if stored is not None and abs(stored - result.iteration_ms) > 1e-6 * max(1.0, stored):
         console.print(f"(the plan file predicted {stored:.3f} ms)")
@@ -96,6 +100,25 @@ def show_command(
         )
     for done in written:
         console.print(f"wrote {done}")
+
+
+@contextmanager
+def naming_plan(plan_file: Path) -> Iterator[None]:
+    """Name the plan file in an InputError that names no file (a stage on a device the
+    topology lacks, a microbatch size the profile lacks): every error of ``show`` names
+    the file it came from.
+
+    Example::
+
+        with naming_plan(Path("plan.json")):
+            resimulate(plan, plan_file)
+    """
+    try:
+        yield
+    except InputError as exc:
+        if exc.file is not None:
+            raise
+        raise type(exc)(exc.message, file=str(plan_file), field=exc.field) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +16,27 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from planner import terminal
+from planner.datafile import read_data
 from planner.errors import InputError
-from planner.fileio import check_input_file
+from planner.fileio import check_input_file, json_text
+from planner.limits import (
+    MAX_LAYERS,
+    MAX_MICROBATCH_SIZE,
+    MAX_MICROBATCHES,
+    MAX_TIME_MS,
+    check_int,
+    check_number,
+    check_schedule_size,
+)
 from planner.outputs import InputFile, Outputs
 from planner.plan import (
     FileRef,
     Plan,
     Prediction,
     StageSpec,
+    check_schedule_data,
+    check_schedule_name,
     parse_stages,
     plan_from_simulation,
     stages_from_data,
@@ -51,7 +63,7 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         load_stages_arg("0-3:gpu0;4-7:gpu1", [1])
     """
     path = Path(text)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists():
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or _exists(path):
         check_input_file(path, field="--stages")
         data = _read_data(path, "--stages")
         if isinstance(data, dict):
@@ -73,7 +85,7 @@ def _schedule_arg(text: str) -> Any:
     looks_like_file = path.suffix.lower() in (".json", ".yaml", ".yml") or any(
         sep in text for sep in ("/", "\\")
     )
-    if path.exists():
+    if _exists(path):
         check_input_file(path, field="--schedule")
     elif looks_like_file:
         raise InputError(
@@ -81,44 +93,56 @@ def _schedule_arg(text: str) -> Any:
             f"{', '.join(SCHEDULES)})",
             field="--schedule",
         )
-    if not path.is_file():
+    if not _exists(path):
         raise InputError(
-            f"unknown schedule {text!r}; expected one of {', '.join(SCHEDULES)} or a schedule file",
+            f"unknown schedule {text[:60]!r}; expected one of {', '.join(SCHEDULES)} or a "
+            "schedule file",
             field="--schedule",
         )
     data = _read_data(path, "--schedule")
     if isinstance(data, dict) and isinstance(data.get("schedule"), dict):
         data = data["schedule"]
+    if isinstance(data, dict):
+        check_schedule_data(data, source=text)
     return Schedule.from_dict(data, source=text)
 
 
-def _read_data(path: Path, flag: str) -> Any:
-    raw = path.read_text(encoding="utf-8")
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something on disk; False for text that cannot be a path (a
+    name too long for the file system, a NUL byte): such text is read as stages or a name."""
     try:
-        if path.suffix.lower() == ".json":
-            return json.loads(raw)
-        import yaml
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
-        return yaml.safe_load(raw)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
-        raise InputError(f"cannot parse ({exc})", file=str(path), field=flag) from None
+
+def _read_data(path: Path, flag: str) -> Any:
+    """A stages, schedule or plan file given to ``flag``, read strictly (planner.datafile);
+    an error names the file and the flag, never quoting the file's content."""
+    try:
+        return read_data(path, what=f"a JSON or YAML file for {flag}")
+    except InputError as exc:
+        where = f"{flag}: {exc.field}" if exc.field else flag
+        raise InputError(exc.message, file=str(path), field=where) from None
 
 
 def _int_list(text: str | None, flag: str) -> list[int]:
     if not text:
         return []
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if len(items) > MAX_LAYERS or not all(x.isdecimal() and len(x) <= 9 for x in items):
         raise InputError(
-            f"expected comma-separated stage ids like 1,3, got {text!r}", field=flag
-        ) from None
+            f"expected comma-separated stage ids like 1,3 (at most {MAX_LAYERS:,}), "
+            f"got {text[:60]!r}",
+            field=flag,
+        )
+    return [int(x) for x in items]
 
 
 def _plan_microbatch_size(schedule: str) -> int | None:
     """A plan given as ``--schedule``: its microbatch size (the one its order was made for)."""
     path = Path(schedule)
-    if path.suffix.lower() not in (".json", ".yaml", ".yml") or not path.is_file():
+    if path.suffix.lower() not in (".json", ".yaml", ".yml") or not _exists(path):
         return None
     try:
         data = _read_data(path, "--schedule")
@@ -207,12 +231,18 @@ def _resolve(
     microbatches = 8 if microbatches is None else microbatches
     if microbatches < 1:
         raise InputError(f"expected a positive integer, got {microbatches}", field="--microbatches")
+    check_int(microbatches, field="--microbatches", high=MAX_MICROBATCHES)
+    if microbatch_size is not None:
+        check_int(microbatch_size, field="--microbatch-size", high=MAX_MICROBATCH_SIZE)
     if virtual_stages < 1:
         raise InputError(
             f"expected an integer >= 1, got {virtual_stages}", field="--virtual-stages"
         )
+    check_int(virtual_stages, field="--virtual-stages", high=MAX_LAYERS)
     if step_ms is not None and not (math.isfinite(step_ms) and step_ms >= 0):
         raise InputError(f"expected a finite number >= 0, got {step_ms}", field="--step-ms")
+    if step_ms is not None:
+        check_number(step_ms, field="--step-ms", high=MAX_TIME_MS, unit=" ms")
     marks = _int_list(recompute, "--recompute")
     if stages is not None:
         specs = load_stages_arg(stages, marks)
@@ -240,6 +270,8 @@ def _resolve(
         topology = got.topology_path
     if schedule is not None:
         chosen: Any = _schedule_arg(schedule)
+        if isinstance(chosen, Schedule):
+            check_schedule_name(chosen, specs, source=schedule)
     elif plan is not None and got is not None and plan_file is not None:
         chosen = _plan_schedule(plan, got.schedule, specs, microbatches, microbatch_size, plan_file)
     else:
@@ -352,6 +384,8 @@ def simulate_command(
     )  # fmt: skip
     outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
     specs, step_ms = got.stages, got.step_ms
+    if isinstance(got.schedule, str):  # before the schedule is built
+        check_schedule_size(len(specs), got.microbatches, field="--microbatches")
     result = simulate(
         got.profile, got.topology, specs, got.schedule, got.microbatches, got.microbatch_size,
         virtual_stages=virtual_stages, step_ms=step_ms,
@@ -374,7 +408,7 @@ def _given_files(
     files: list[InputFile] = [("--profile", profile), ("--topology", topology)]
     files.append(("--plan", plan_file))
     for flag, text in (("--stages", stages), ("--schedule", schedule)):
-        if text is not None and Path(text).is_file():
+        if text is not None and _exists(Path(text)) and Path(text).is_file():
             files.append((flag, Path(text)))
     return files
 
@@ -422,11 +456,9 @@ def _emit(
         out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
         out["written"] = files
-        print(json.dumps(out, indent=1))
+        print(json_text(out), end="")
         return
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = terminal.console()
     print_report(result, console, stages=specs, title=title, gantt=gantt)
     for done in files:
         console.print(f"wrote {done}")

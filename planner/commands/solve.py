@@ -8,13 +8,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from planner.fileio import check_input_file
+from planner import terminal
+from planner.fileio import check_input_file, json_text
 from planner.outputs import Outputs
 from planner.profile import load_profile
 from planner.solve import solve
@@ -91,7 +91,7 @@ def solve_command(
     outs.write_json(output, plan.to_dict())
     outs.commit()
     if as_json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(json_text(plan.to_dict()), end="")
         return
     print_plan(plan, [layer.name for layer in prof.layers], output=output)
 
@@ -109,10 +109,9 @@ def print_plan(
 
         print_plan(plan, [layer.name for layer in profile.layers], output=Path("plan.json"))
     """
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(highlight=False)
+    console = console or terminal.console()
     sched, vs = plan.schedule.name, plan.schedule.virtual_stages
     title = (
         f"Plan: {len(plan.stages)} stages, schedule {sched}"

@@ -18,9 +18,11 @@ from typing import Any
 
 import typer
 
+from planner import terminal
 from planner.errors import InputError
 from planner.fileio import check_input_file
 from planner.outputs import Outputs
+from planner.terminal import printable
 from planner.topology import Topology, load_topology
 from planner.units import format_bandwidth, format_bytes, parse_bytes
 
@@ -80,14 +82,15 @@ def _details(topo: Topology) -> dict[str, Any]:
 
 
 def _print_show(topo: Topology) -> None:
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
+    console = terminal.console(highlight=True)  # names from the file: escaped, no markup
     s = _summary(topo)
     console.print(
-        f"[bold]{topo.name}[/bold] ({topo.source}): {s['devices']} devices on {s['hosts']} "
-        f"host(s), {s['switches']} switches, {s['links']} links"
+        Text(printable(topo.name), style="bold"),
+        f"({topo.source}): {s['devices']} devices on {s['hosts']} "
+        f"host(s), {s['switches']} switches, {s['links']} links",
     )
     if topo.allreduce_efficiency != 1.0:
         console.print(f"all-reduce at {topo.allreduce_efficiency:g} of the ring model's bandwidth")

@@ -33,8 +33,17 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.limits import (
+    MAX_BYTES,
+    MAX_MICROBATCH_SIZE,
+    MAX_NAME_CHARS,
+    MAX_TIME_MS,
+    check_int,
+    check_name,
+)
 from planner.optimizers import STATE_FACTORS, check_optimizer
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.terminal import is_printable
 
 __all__ = [
     "KNOWN_PROFILES",
@@ -153,6 +162,15 @@ def parse_pipedream(path: str | os.PathLike[str]) -> PipeDreamGraph:
         line = raw.rstrip("\r")
         if not line.strip():
             continue
+        if not nodes and _NODE_LINE.match(line.strip()) is None:
+            # Not (yet) a PipeDream graph: the file may be anything (a key file, a config),
+            # so the message names the line and what was expected, never its content.
+            raise InputError(
+                f"not a PipeDream graph.txt: expected the first line to be a node line "
+                f"{_NODE_FORMAT} (the line is not shown)",
+                file=source,
+                field=f"line {number}",
+            )
         if line[0].isspace():  # PipeDream writes edges as "\tnodeA -- nodeB"
             edges.append(_parse_edge(line.strip(), number, source))
         else:
@@ -215,7 +233,7 @@ def _parse_node(line: str, number: int, source: str) -> PipeDreamNode:
         activation_size=activation,
         parameter_size=float(meta["param"]),
         line=number,
-        stage_id=int(match["stage"]) if match["stage"] is not None else None,
+        stage_id=int(match["stage"][:7]) if match["stage"] is not None else None,
     )
     values = [node.forward_compute_time, node.backward_compute_time, node.parameter_size]
     values += activation if isinstance(activation, list) else [activation]
@@ -225,7 +243,34 @@ def _parse_node(line: str, number: int, source: str) -> PipeDreamNode:
             file=source,
             field=where,
         )
+    _check_limits(node, match, source, where)
     return node
+
+
+def _check_limits(node: PipeDreamNode, match: re.Match[str], source: str, where: str) -> None:
+    """Times up to :data:`MAX_TIME_MS`, sizes up to :data:`MAX_BYTES` (a total over a
+    list too), a stage id of at most 6 digits, an id and description without control
+    characters: what the profile reader would refuse, refused with the line."""
+    act = node.activation_size
+    total = sum(act) if isinstance(act, list) else act
+    times = (node.forward_compute_time, node.backward_compute_time)
+    if not all(t <= MAX_TIME_MS for t in times) or max(total, node.parameter_size) > MAX_BYTES:
+        raise InputError(
+            f"expected times up to {MAX_TIME_MS:g} ms and sizes up to 2**60 bytes (1 EiB), "
+            f"got {_clip(match['meta'])!r}",
+            file=source,
+            field=where,
+        )
+    if match["stage"] is not None and len(match["stage"]) > 6:
+        raise InputError("expected a stage_id of at most 6 digits", file=source, field=where)
+    for text in (node.node_id, node.description):
+        if len(text) > MAX_NAME_CHARS or not is_printable(text):
+            raise InputError(
+                f"expected a node id and description of at most {MAX_NAME_CHARS} printable "
+                "characters (no control characters)",
+                file=source,
+                field=where,
+            )
 
 
 def _parse_edge(line: str, number: int, source: str) -> tuple[str, str, int]:
@@ -367,6 +412,11 @@ def import_pipedream(
         raise InputError(
             f"expected a positive integer, got {microbatch_size}", field="--microbatch-size"
         )
+    if microbatch_size is not None:
+        check_int(microbatch_size, field="--microbatch-size", high=MAX_MICROBATCH_SIZE)
+    check_name(device_name, field="--device-name")
+    if model is not None:
+        check_name(model, field="--model")
     graph = parse_pipedream(path)
     order = topological_order(graph)
     sha = sha256_file(path)

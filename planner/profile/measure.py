@@ -55,6 +55,7 @@ from typing import Any
 
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
+from planner.limits import MAX_MICROBATCH_SIZE, MAX_REPEATS, MAX_THREADS, check_int
 from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
@@ -131,7 +132,7 @@ def parse_microbatch_sizes(text: str | Sequence[int]) -> list[int]:
                 f"expected positive whole numbers separated by commas (e.g. 1,2,4), got {item!r}",
                 field="-b",
             )
-        sizes.append(value)
+        sizes.append(check_int(value, field="-b", high=MAX_MICROBATCH_SIZE))
     if not sizes:
         raise InputError("expected at least one microbatch size (e.g. 1,2,4)", field="-b")
     return sorted(set(sizes))
@@ -870,13 +871,13 @@ def _device(name: str) -> Any:
 def _positive(value: int, flag: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(f"expected a positive integer, got {value!r}", field=flag)
-    return value
+    return check_int(value, field=flag, high=MAX_THREADS if flag == "--threads" else MAX_REPEATS)
 
 
 def _count(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"expected a non-negative integer, got {value!r}", field="--warmup")
-    return value
+    return check_int(value, field="--warmup", low=0, high=MAX_REPEATS)
 
 
 def _quartiles(samples: list[float]) -> list[float]:

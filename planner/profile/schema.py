@@ -13,13 +13,23 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
+from planner.limits import (
+    MAX_BYTES,
+    MAX_LAYERS,
+    MAX_MICROBATCH_SIZE,
+    MAX_NAME_CHARS,
+    MAX_TIME_MS,
+    check_int,
+    check_name,
+    check_number,
+)
+from planner.optimizers import check_optimizer
 from planner.precision import PRECISIONS
 from planner.profile.pass_timing import pass_ratio
 from planner.profile.tied import TiedParameter
@@ -42,6 +52,25 @@ _TIMING_FIELDS = ("forward_ms", "backward_ms", "backward_input_ms", "backward_we
 _BYTE_FIELDS = ("output_bytes", "saved_bytes")
 # Analytic profiles only (planner/profile/analytic.py): the FLOPs beside the times.
 FLOP_FIELDS = ("forward_flops", "backward_input_flops", "backward_weight_flops")
+
+# Every field a profile may hold, by object; anything else is refused as unknown (a typo,
+# or a field of a newer pipeplan). Profiles written by every earlier version use only
+# these (profiles/ and the profiles committed in the repository's history).
+TOP_FIELDS = frozenset(
+    {"schema", "model", "source_sha256", "device", "dtype", "torch_version", "optimizer"}
+    | {"precision", "layers", "edges", "measurements", "meta", "tied_parameters"}
+)
+LAYER_FIELDS = frozenset(
+    {"name", "param_count", "param_bytes", "optimizer_state_bytes", "optimizer_ms"}
+    | {"optimizer_workspace_bytes"}
+)
+MEASUREMENT_FIELDS = frozenset(
+    {"microbatch_size", "input_bytes", "layers", "pass_forward_ms", "pass_backward_ms"}
+)
+TIMING_FIELDS = frozenset(
+    {*_TIMING_FIELDS, *_BYTE_FIELDS, *FLOP_FIELDS, "workspace_bytes", "spread"}
+)
+TIED_FIELDS = frozenset({"name", "layers", "param_bytes", "param_count"})
 
 
 @dataclass
@@ -228,8 +257,17 @@ class Profile:
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the profile atomically as JSON."""
-        atomic_write_json(path, self.to_dict())
+        """Write the profile atomically as JSON, after checking that :func:`load_profile`
+        will read it back (a layer name with a control character, a number beyond
+        :mod:`planner.limits`: one InputError naming ``path`` and the field, nothing written).
+
+        Example::
+
+            profile.save("profiles/mlp.json")
+        """
+        data = self.to_dict()
+        profile_from_dict(data, source=str(path))
+        atomic_write_json(path, data)
 
 
 def _layer_dict(layer: Layer) -> dict[str, Any]:
@@ -259,6 +297,11 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
 def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
     """Validate a decoded profile; every problem is an InputError naming the field.
 
+    Unknown fields are refused, naming the known ones (``meta`` is free-form); numbers are
+    checked against :mod:`planner.limits` and the optimizer against
+    :mod:`planner.optimizers`, so ``solve``, ``simulate``, ``show`` and ``run`` refuse a bad
+    profile when they read it, before any work.
+
     Example::
 
         profile_from_dict(json.load(open("profiles/gpt.json")), source="profiles/gpt.json")
@@ -269,22 +312,11 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
     schema = data.get("schema")
     if schema != SCHEMA:
         v.fail("schema", f"expected {SCHEMA!r}, got {schema!r}")
-    raw_layers = v.list_of(data, "layers", "layers")
+    v.known(data, TOP_FIELDS, "")
+    raw_layers = v.list_of(data, "layers", "layers", high=MAX_LAYERS)
     if not raw_layers:
         v.fail("layers", "expected at least one layer")
-    layers = [
-        Layer(
-            name=str(v.get(item, "name", f"layers[{i}]")),
-            param_count=v.count(item, "param_count", f"layers[{i}]"),
-            param_bytes=v.count(item, "param_bytes", f"layers[{i}]"),
-            optimizer_state_bytes=v.count(item, "optimizer_state_bytes", f"layers[{i}]"),
-            optimizer_ms=v.number(item, "optimizer_ms", f"layers[{i}]", default=0.0),
-            optimizer_workspace_bytes=v.count(
-                item, "optimizer_workspace_bytes", f"layers[{i}]", default=0
-            ),
-        )
-        for i, item in enumerate(raw_layers)
-    ]
+    layers = [_layer(v, item, f"layers[{i}]") for i, item in enumerate(raw_layers)]
     edges = _edges(v, data.get("edges"), len(layers))
     raw_measurements = v.list_of(data, "measurements", "measurements")
     if not raw_measurements:
@@ -299,18 +331,30 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
     if len(set(sizes)) != len(sizes):
         v.fail("measurements", f"microbatch sizes repeat: {sizes}")
     return Profile(
-        model=str(data.get("model", "model")),
+        model=v.name(data, "model", default="model"),
         layers=layers,
         measurements=sorted(measurements, key=lambda m: m.microbatch_size),
         edges=edges,
-        source_sha256=data.get("source_sha256"),
-        device=str(data.get("device", "cpu")),
-        dtype=str(data.get("dtype", "float32")),
-        torch_version=str(data.get("torch_version", "")),
-        optimizer=str(data.get("optimizer", "adam")),
+        source_sha256=v.text(data, "source_sha256", default=None),
+        device=v.text(data, "device", default="cpu") or "cpu",
+        dtype=v.text(data, "dtype", default="float32") or "float32",
+        torch_version=v.text(data, "torch_version", default="") or "",
+        optimizer=check_optimizer(data.get("optimizer", "adam"), field="optimizer", file=source),
         precision=_precision(v, data.get("precision", "fp32")),
         meta=dict(data.get("meta") or {}),
         tied_parameters=_tied(v, data.get("tied_parameters"), len(layers), data.get("dtype")),
+    )
+
+
+def _layer(v: _Validator, item: Any, where: str) -> Layer:
+    v.known(item, LAYER_FIELDS, where)
+    return Layer(
+        name=v.name(item, "name", where),
+        param_count=v.count(item, "param_count", where),
+        param_bytes=v.count(item, "param_bytes", where),
+        optimizer_state_bytes=v.count(item, "optimizer_state_bytes", where),
+        optimizer_ms=v.number(item, "optimizer_ms", where, default=0.0),
+        optimizer_workspace_bytes=v.count(item, "optimizer_workspace_bytes", where, default=0),
     )
 
 
@@ -353,9 +397,8 @@ def _tied(v: _Validator, raw: Any, n: int, dtype: Any) -> list[TiedParameter]:
     ties: list[TiedParameter] = []
     for k, item in enumerate(raw):
         where = f"tied_parameters[{k}]"
-        name = v.get(item, "name", where)
-        if not isinstance(name, str) or not name:
-            v.fail(f"{where}.name", f"expected a parameter name, got {name!r}")
+        v.known(item, TIED_FIELDS, where)
+        name = v.name(item, "name", where)
         layers = v.get(item, "layers", where)
         ok = isinstance(layers, list) and len(layers) >= 2
         ok = ok and all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
@@ -376,26 +419,33 @@ def _tied(v: _Validator, raw: Any, n: int, dtype: Any) -> list[TiedParameter]:
 
 
 def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
-    size = v.count(item, "microbatch_size", where)
-    if size <= 0:
-        v.fail(f"{where}.microbatch_size", f"expected a positive integer, got {size}")
+    v.known(item, MEASUREMENT_FIELDS, where)
+    size = check_int(
+        v.get(item, "microbatch_size", where),
+        field=f"{where}.microbatch_size",
+        high=MAX_MICROBATCH_SIZE,
+        file=v.source,
+    )
     timings = v.list_of(item, "layers", where)
     if len(timings) != n:
         v.fail(f"{where}.layers", f"expected {n} entries (one per layer), got {len(timings)}")
     layers = []
     for i, t in enumerate(timings):
         at = f"{where}.layers[{i}]"
+        v.known(t, TIMING_FIELDS, at)
         ms = {name: v.number(t, name, at) for name in _TIMING_FIELDS}
         sizes = {name: v.count(t, name, at) for name in _BYTE_FIELDS}
         spread = t.get("spread") or {}
         if not isinstance(spread, dict):
             v.fail(f"{at}.spread", "expected an object")
         for key, val in spread.items():
-            if not isinstance(val, list) or not all(
-                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                for x in val
-            ):
-                v.fail(f"{at}.spread.{key}", f"expected a list of finite numbers, got {val!r}")
+            if key not in _TIMING_FIELDS or not isinstance(val, list) or len(val) > 2:
+                v.fail(
+                    f"{at}.spread.{key}",
+                    f"expected [p25, p75] of one of {', '.join(_TIMING_FIELDS)}, got {val!r}",
+                )
+            for x in val:
+                check_number(x, field=f"{at}.spread.{key}", high=MAX_TIME_MS, file=v.source)
         layers.append(
             LayerTiming(
                 forward_ms=ms["forward_ms"],
@@ -439,6 +489,17 @@ class _Validator:
     def fail(self, where: str, message: str) -> Any:
         raise InputError(message, file=self.source, field=where)
 
+    def known(self, obj: Any, fields: frozenset[str], where: str) -> None:
+        """Refuse a key outside ``fields`` (a typo, or a newer pipeplan's field)."""
+        if not isinstance(obj, dict):
+            self.fail(where, "expected an object")
+        for key in obj:
+            if key not in fields:
+                self.fail(
+                    f"{where}.{key}" if where else str(key),
+                    f"unknown field; expected one of {', '.join(sorted(fields))}",
+                )
+
     def get(self, obj: Any, key: str, where: str) -> Any:
         if not isinstance(obj, dict):
             self.fail(where, "expected an object")
@@ -446,34 +507,38 @@ class _Validator:
             self.fail(f"{where}.{key}" if where != key else key, "missing")
         return obj[key]
 
-    def list_of(self, obj: Any, key: str, where: str) -> list[Any]:
+    def list_of(self, obj: Any, key: str, where: str, *, high: int | None = None) -> list[Any]:
         value = self.get(obj, key, where)
         if not isinstance(value, list):
             self.fail(where, "expected a list")
+        if high is not None and len(value) > high:
+            self.fail(where, f"{len(value):,} entries; expected at most {high:,}")
+        return value
+
+    def name(self, obj: Any, key: str, where: str = "", *, default: str | None = None) -> str:
+        at = f"{where}.{key}" if where else key
+        if default is not None and isinstance(obj, dict) and obj.get(key) is None:
+            return default
+        return check_name(self.get(obj, key, where), field=at, file=self.source)
+
+    def text(self, obj: dict[str, Any], key: str, *, default: str | None) -> str | None:
+        """An optional free-text field (a string or null); shown escaped, never run."""
+        value = obj.get(key, default)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_NAME_CHARS):
+            self.fail(key, f"expected a string of at most {MAX_NAME_CHARS} characters")
         return value
 
     def number(self, obj: Any, key: str, where: str, default: float | None = None) -> float:
         if default is not None and isinstance(obj, dict) and key not in obj:
             return default
         value = self.get(obj, key, where)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            self.fail(f"{where}.{key}", f"expected a finite non-negative number, got {value!r}")
-        return float(value)
+        return check_number(value, field=f"{where}.{key}", high=MAX_TIME_MS, file=self.source)
 
     def count(self, obj: Any, key: str, where: str, default: int | None = None) -> int:
         if default is not None and isinstance(obj, dict) and key not in obj:
             return default
         value = self.get(obj, key, where)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.fail(f"{where}.{key}", f"expected a non-negative integer, got {value!r}")
-        return int(value)
+        return check_int(value, field=f"{where}.{key}", low=0, high=MAX_BYTES, file=self.source)
 
 
 def as_profile(profile: Profile | str | os.PathLike[str]) -> Profile:

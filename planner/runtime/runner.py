@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import InputError
+from planner.optimizers import check_optimizer
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
@@ -375,8 +376,8 @@ def run_plan(
     plan, settings, placement = prepare_run(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source
     )
-    if optimizer is not None:
-        settings.optimizer = optimizer
+    if optimizer is not None:  # checked here, before any process starts
+        settings.optimizer = check_optimizer(optimizer, field="optimizer")
     settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:

@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from planner.limits import check_schedule_size
 from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
 from planner.schedule import (
@@ -85,6 +86,8 @@ def simulate(
     shared = is_interleaved(name) or (not isinstance(schedule, str) and schedule.virtual_stages > 1)
     validate_stages(stages, profile.num_layers, topology, allow_shared_devices=shared)
     if isinstance(schedule, str):
+        # Before the schedule is built: stages x microbatches bounds its size.
+        check_schedule_size(len(stages), num_microbatches, field="num_microbatches")
         sched = _build(
             schedule,
             profile,

@@ -14,13 +14,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.errors import InputError
+from planner.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_MICROBATCHES,
+    MAX_SCHEDULE_OPS,
+    MAX_TIME_LIMIT_S,
+    check_int,
+    check_number,
+    check_schedule_size,
+)
 from planner.profile.schema import Profile
 from planner.solve.options import SCHEDULE_CHOICES
 
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["batch_settings", "check_args"]
+__all__ = ["batch_settings", "check_args", "check_batch_settings"]
 
 
 def batch_settings(
@@ -63,6 +72,25 @@ def batch_settings(
     return [(mb, m) for mb in sizes]
 
 
+def check_batch_settings(
+    pairs: list[tuple[int, int]], profile: Profile, num_devices: int, flag: str
+) -> list[tuple[int, int]]:
+    """The pairs whose microbatch count is within :data:`MAX_MICROBATCHES` and whose
+    deepest pipeline (one stage per device or layer) stays within
+    :data:`MAX_SCHEDULE_OPS`; an InputError naming ``flag`` when none is.
+
+    Example::
+
+        check_batch_settings([(1, 64), (2, 32)], profile, 8, "--global-batch")
+    """
+    depth = max(1, min(num_devices, profile.num_layers))
+    kept = [(mb, m) for mb, m in pairs if m <= MAX_MICROBATCHES and depth * m <= MAX_SCHEDULE_OPS]
+    if not kept:
+        fewest = min(m for _, m in pairs)
+        check_schedule_size(depth, fewest, field=flag)
+    return kept
+
+
 def check_args(
     topology: Topology,
     global_batch: int | None,
@@ -82,9 +110,14 @@ def check_args(
         raise InputError(
             f"expected a positive number of seconds, got {time_limit}", field="--time-limit"
         )
+    check_number(time_limit, field="--time-limit", high=MAX_TIME_LIMIT_S, unit=" s")
     for name, value in (("--global-batch", global_batch), ("--microbatches", microbatches)):
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InputError(f"expected a positive integer, got {value}", field=name)
+    if global_batch is not None:
+        check_int(global_batch, field="--global-batch", high=MAX_GLOBAL_BATCH)
+    if microbatches is not None:
+        check_int(microbatches, field="--microbatches", high=MAX_MICROBATCHES)
     if schedule not in SCHEDULE_CHOICES:
         raise InputError(
             f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULE_CHOICES)}",

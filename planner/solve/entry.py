@@ -19,7 +19,7 @@ from planner.plan import Plan
 from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile, as_profile
 from planner.schedule.families import family
-from planner.solve.arguments import batch_settings, check_args
+from planner.solve.arguments import batch_settings, check_args, check_batch_settings
 from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
 from planner.solve.options import AUTO_SCHEDULES, SolveOptions
 from planner.solve.own_search import own_search
@@ -74,6 +74,12 @@ def solve(
     if schedule != "auto":
         check_fp16_schedule(profile.precision, schedule, family(schedule).flush, field="--schedule")
     settings = batch_settings(profile, global_batch, num_microbatches, len(topology.devices))
+    flag = (
+        "--global-batch"
+        if global_batch is not None and num_microbatches is None
+        else "--microbatches"
+    )
+    settings = check_batch_settings(settings, profile, len(topology.devices), flag)
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
     search = Search(profile, topology, opts, time_limit)
     own = own_search(search, settings, schedules, clock)

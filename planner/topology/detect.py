@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from planner.errors import InputError
+from planner.limits import MAX_LINK_COUNT
 from planner.topology import Device, Topology
 from planner.units import parse_bandwidth, parse_bytes
 
@@ -174,7 +175,7 @@ def parse_topo_matrix(text: str, *, source: str = "nvidia-smi topo -m") -> list[
             known = cell == "X" if i == j else (cell in PCIE_KINDS or _nv_count(cell) > 0)
             if not known:
                 raise InputError(
-                    f"unknown link kind {cell!r} between GPU{i} and GPU{j}; expected "
+                    f"unknown link kind {cell[:16]!r} between GPU{i} and GPU{j}; expected "
                     "X on the diagonal and NV#, PIX, PXB, PHB, NODE, SYS (or SOC) elsewhere",
                     file=source,
                 )
@@ -188,8 +189,11 @@ def parse_topo_matrix(text: str, *, source: str = "nvidia-smi topo -m") -> list[
 
 
 def _nv_count(cell: str) -> int:
-    match = re.fullmatch(r"NV(\d+)", cell)
-    return int(match.group(1)) if match else 0
+    """``NV#``'s number of NVLinks; 0 for another cell, or for more than
+    :data:`MAX_LINK_COUNT` links (refused as an unknown kind; never a long integer read)."""
+    match = re.fullmatch(r"NV(\d{1,5})", cell)
+    count = int(match.group(1)) if match else 0
+    return count if count <= MAX_LINK_COUNT else 0
 
 
 def parse_gpu_query(text: str, *, source: str = "nvidia-smi --query-gpu") -> list[GpuInfo]:

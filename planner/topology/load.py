@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 from pathlib import Path
@@ -29,13 +28,32 @@ from typing import Any
 
 import networkx as nx
 
+from planner.datafile import decode_yaml, read_text
 from planner.errors import InputError
+from planner.fileio import check_input_file
+from planner.limits import (
+    MAX_BANDWIDTH,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_LINK_COUNT,
+    MAX_LINKS,
+    MAX_ROUTED_DEVICES,
+    MAX_SPEED,
+    MAX_TIME_MS,
+    MIN_BANDWIDTH,
+    MIN_SPEED,
+    check_int,
+    check_name,
+    check_number,
+)
 from planner.topology.graph import DEFAULT_HOST, SCHEMA, Device, Topology
-from planner.units import parse_bandwidth, parse_bytes, parse_time_ms
+from planner.units import format_bytes, format_time_ms, parse_bandwidth, parse_bytes, parse_time_ms
 
 __all__ = ["as_topology", "expand_names", "load_topology", "topology_from_dict", "uniform_topology"]
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+# Digits of a range bound: enough for MAX_DEVICES names starting anywhere below 10**9.
+_RANGE_DIGITS = 9
 _TOP_KEYS = {
     "schema",
     "name",
@@ -60,12 +78,21 @@ def expand_names(pattern: str, *, file: str | None = None, field: str | None = N
         expand_names("gpu{0..3}")          # ['gpu0', 'gpu1', 'gpu2', 'gpu3']
         expand_names("n{0..1}.g{0..1}")    # ['n0.g0', 'n0.g1', 'n1.g0', 'n1.g1']
     """
+    check_name(pattern, file=file, field=field)
     spans = list(_RANGE.finditer(pattern))
     if not spans:
         return [pattern]
     pieces = _RANGE.split(pattern)  # text, a, b, text, a, b, ..., text
     ranges = []
+    total = 1
     for m in spans:
+        if max(len(m.group(1)), len(m.group(2))) > _RANGE_DIGITS:
+            raise InputError(
+                f"range {_clip(m.group(0))!r} has a bound of more than {_RANGE_DIGITS} digits; "
+                f"expected at most {MAX_DEVICES:,} names in all",
+                file=file,
+                field=field,
+            )
         lo, hi = int(m.group(1)), int(m.group(2))
         if lo > hi:
             raise InputError(
@@ -74,6 +101,14 @@ def expand_names(pattern: str, *, file: str | None = None, field: str | None = N
                 field=field,
             )
         ranges.append(range(lo, hi + 1))
+        total *= hi - lo + 1
+        if total > MAX_DEVICES:  # checked before a single name is built
+            raise InputError(
+                f"{_clip(pattern)!r} expands to more than {MAX_DEVICES:,} names; "
+                f"expected at most {MAX_DEVICES:,}",
+                file=file,
+                field=field,
+            )
     texts = pieces[0::3]
     out = []
     for combo in itertools.product(*ranges):
@@ -94,6 +129,7 @@ class _Builder:
         self.names: set[str] = set()
         self.graph = nx.Graph()
         self.link_origin: dict[frozenset[str], str] = {}
+        self.num_links = 0
 
     def fail(self, message: str, field: str | None) -> InputError:
         return InputError(message, file=self.source, field=field)
@@ -101,6 +137,7 @@ class _Builder:
     def claim(self, name: object, field: str) -> str:
         if not isinstance(name, str) or not name.strip():
             raise self.fail(f"expected a non-empty name; got {name!r}", field)
+        check_name(name, file=self.source, field=field)
         if name in self.names:
             raise self.fail(f"duplicate name {name!r}; device and switch names must differ", field)
         self.names.add(name)
@@ -115,26 +152,46 @@ class _Builder:
         memory = parse_bytes(entry["memory"], file=self.source, field=f"{field}.memory")
         if memory <= 0:
             raise self.fail(f"expected a positive size; got {entry['memory']!r}", f"{field}.memory")
+        if memory > MAX_BYTES:
+            raise self.fail(
+                f"expected at most {format_bytes(MAX_BYTES)}; got {entry['memory']!r}",
+                f"{field}.memory",
+            )
         speed = entry.get("speed", 1.0)
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
             raise self.fail(
                 f"expected a positive number (1.0 = profiling device); got {speed!r}",
                 f"{field}.speed",
             )
-        if not math.isfinite(speed):
-            raise self.fail(f"expected a finite number; got {speed!r}", f"{field}.speed")
+        check_number(speed, field=f"{field}.speed", low=MIN_SPEED, high=MAX_SPEED, file=self.source)
         host = entry.get("host", DEFAULT_HOST)
         kind = entry.get("kind", "")
         for key, value in (("host", host), ("kind", kind)):
             if not isinstance(value, (str, int)) or isinstance(value, bool):
                 raise self.fail(f"expected a string; got {value!r}", f"{field}.{key}")
-        for name in expand_names(pattern, file=self.source, field=f"{field}.name"):
+            _text(value, self.source, f"{field}.{key}")
+        names = expand_names(pattern, file=self.source, field=f"{field}.name")
+        self.check_device_count(len(names), field)
+        for name in names:
             self.claim(name, f"{field}.name")
             self.devices.append(Device(name, memory, float(speed), str(host), str(kind)))
             self.graph.add_node(name)
 
+    def check_device_count(self, more: int, field: str) -> None:
+        """Refuse more than :data:`MAX_ROUTED_DEVICES` devices, before they are built."""
+        if len(self.devices) + more > MAX_ROUTED_DEVICES:
+            raise self.fail(
+                f"{len(self.devices) + more:,} devices; pipeplan tabulates the routes between "
+                f"every pair of devices and handles at most {MAX_ROUTED_DEVICES:,}",
+                field,
+            )
+
     def add_switch(self, name: str, kind: str, field: str) -> None:
-        for one in expand_names(name, file=self.source, field=field):
+        names = expand_names(name, file=self.source, field=field)
+        if len(self.switches) + len(names) > MAX_DEVICES:
+            raise self.fail(f"more than {MAX_DEVICES:,} switches; expected at most that", field)
+        kind = _text(kind, self.source, field)
+        for one in names:
             self.claim(one, field)
             self.switches.append((one, kind))
             self.graph.add_node(one, kind=kind)
@@ -154,6 +211,12 @@ class _Builder:
             raise self.fail(
                 f"expected a positive bandwidth; got {entry['bandwidth']!r}", f"{field}.bandwidth"
             )
+        if not MIN_BANDWIDTH <= bw <= MAX_BANDWIDTH:
+            raise self.fail(
+                f"expected a bandwidth from {MIN_BANDWIDTH:g} B/s to {MAX_BANDWIDTH:g} B/s; "
+                f"got {entry['bandwidth']!r}",
+                f"{field}.bandwidth",
+            )
         latency = 0.0
         if "latency" in entry:
             latency = parse_time_ms(entry["latency"], file=self.source, field=f"{field}.latency")
@@ -161,16 +224,30 @@ class _Builder:
                 raise self.fail(
                     f"expected a latency >= 0; got {entry['latency']!r}", f"{field}.latency"
                 )
+            if latency > MAX_TIME_MS:
+                raise self.fail(
+                    f"expected a latency of at most {format_time_ms(MAX_TIME_MS)}; "
+                    f"got {entry['latency']!r}",
+                    f"{field}.latency",
+                )
         count = entry.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise self.fail(f"expected a whole number >= 1; got {count!r}", f"{field}.count")
-        kind = str(entry.get("kind", ""))
+        check_int(count, field=f"{field}.count", high=MAX_LINK_COUNT, file=self.source)
+        kind = _text(entry.get("kind", ""), self.source, f"{field}.kind")
         left = expand_names(between[0], file=self.source, field=f"{field}.between")
         right = expand_names(between[1], file=self.source, field=f"{field}.between")
         for name in left + right:
             if name not in self.names:
                 raise self.fail(f"{name!r} is not a declared device or switch", f"{field}.between")
+        if self.num_links + len(left) * len(right) > MAX_LINKS:  # before a pair is built
+            raise self.fail(
+                f"more than {MAX_LINKS:,} links ({len(left):,} x {len(right):,} here); "
+                "expected at most that",
+                f"{field}.between",
+            )
         pairs = {frozenset((u, v)) for u in left for v in right if u != v}
+        self.num_links += len(pairs)
         if not pairs:
             raise self.fail(f"a link needs two different ends; got {between!r}", f"{field}.between")
         for pair in sorted(pairs, key=sorted):
@@ -185,6 +262,15 @@ class _Builder:
             self.graph.add_edge(
                 u, v, bandwidth=bw * count, latency_ms=latency, count=count, kind=kind
             )
+
+
+def _text(value: object, source: str, field: str) -> str:
+    """A free-text field (``kind``, ``host``) as a string: short, without control characters."""
+    return check_name(str(value), file=source, field=field) if value != "" else ""
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _mapping(value: object, what: str, source: str, field: str) -> dict[str, Any]:
@@ -225,6 +311,7 @@ def _add_hosts(
             raise InputError(
                 f"expected a whole number >= 1; got {count!r}", file=source, field=f"{gfield}.count"
             )
+        check_int(count, field=f"{gfield}.count", high=MAX_DEVICES, file=source)
         host_prefix = str(group.get("name", "node"))
         dev = dict(
             _mapping(group.get("devices"), "the per-host devices", source, f"{gfield}.devices")
@@ -237,6 +324,8 @@ def _add_hosts(
                 file=source,
                 field=f"{gfield}.devices.count",
             )
+        check_int(per_host, field=f"{gfield}.devices.count", high=MAX_DEVICES, file=source)
+        builder.check_device_count(count * per_host, f"{gfield}.count")  # before any is built
         dev_prefix = str(dev.pop("name", "gpu"))
         switch = group.get("switch")
         network = group.get("network")
@@ -312,7 +401,7 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
     # Checked before the keys: a profile or plan passed here would otherwise be reported as
     # an "unknown field" instead of the wrong kind of file.
     other = {"pipeplan.profile/v1": "profile", "pipeplan.plan/v1": "plan"}
-    if schema in other:
+    if isinstance(schema, str) and schema in other:
         raise InputError(
             f"this is a pipeplan {other[schema]} ({schema!r}); expected a topology YAML "
             f"({SCHEMA!r})",
@@ -371,6 +460,7 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
     name = data.get("name", Path(source).stem if source != "<topology>" else "topology")
     if not isinstance(name, str) or not name:
         raise InputError(f"expected a non-empty string; got {name!r}", file=source, field="name")
+    check_name(name, file=source, field="name")
     relay = data.get("relay", "all")
     efficiency = data.get("allreduce_efficiency", 1.0)
     return Topology(
@@ -390,21 +480,10 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
 
         topo = load_topology("topologies/nvlink.yaml")
     """
-    import yaml
-
     source = str(path)
-    file = Path(path)
-    if not file.is_file():
-        raise InputError("file does not exist", file=source)
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("not a text file; expected topology YAML", file=source) from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise InputError(f"not valid YAML{at}: {problem}", file=source) from None
+    file = check_input_file(path)
+    # Strict: duplicate keys, long integers, deep nesting and huge files are refused.
+    data = decode_yaml(read_text(file, what="a topology YAML"), source=source)
     return topology_from_dict(data, source)
 
 
