@@ -19,7 +19,8 @@ import typer
 from planner.errors import InputError
 from planner.fileio import check_output_path
 from planner.precision import check_precision
-from planner.profile.loader import load_model_file, model_name
+from planner.profile.isolated import call_isolated
+from planner.profile.loader import check_model_path, model_name
 from planner.profile.measure import (
     check_device,
     check_timing,
@@ -138,11 +139,7 @@ def run_profile(
     check_timing(timing, checked_device.split(":")[0])
     if output is not None:
         check_output_path(output, field="-o")
-    load_model_file(model)  # path, import and the contract's functions, before the bar starts
-    if output is None:  # the default folder is created, but only for a loadable model
-        output = default_output(model)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        check_output_path(output)
+    check_model_path(model)  # its code runs only in the child below
 
     with Progress(
         TextColumn("[bold]profiling[/] {task.description:<24}"),
@@ -158,9 +155,14 @@ def run_profile(
         def progress(done: int, total: int, description: str) -> None:
             bar.update(task, completed=done, total=total, description=description)
 
-        profile = profile_model(
+        # The user's code runs in a child process: its exits, crashes and Ctrl-C never end
+        # this one (planner.profile.isolated).
+        profile = call_isolated(
+            profile_model,
             model,
             microbatch_sizes,
+            model=model,
+            doing="profiling",
             repeat=repeat,
             warmup=warmup,
             device=device,
@@ -172,6 +174,10 @@ def run_profile(
             timing=timing,
             progress=progress,
         )
+    if output is None:  # the default folder is created, but only for a profiled model
+        output = default_output(model)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        check_output_path(output)
     profile.save(output)
     return profile, output
 
