@@ -94,8 +94,11 @@ def in_torchrun() -> bool:
     return torchrun_env() is not None
 
 
-def launch_local(config: WorkerConfig, world_size: int, *, timeout_s: float) -> dict[str, Any]:
+def launch_local(
+    config: WorkerConfig, world_size: int, *, timeout_s: float, model_shown: str | None = None
+) -> dict[str, Any]:
     """Spawn ``world_size`` workers on ``config`` and wait; rank 0's gathered result.
+    ``model_shown``: the model file as the user named it, for the error lines.
 
     Example::
 
@@ -126,6 +129,11 @@ def launch_local(config: WorkerConfig, world_size: int, *, timeout_s: float) -> 
                 )  # fmt: skip
             )
         _watch(procs, run_dir, config, timeout_s)
+    except (InputError, RunFailed) as exc:
+        _kill_all(procs)
+        if model_shown is None:
+            raise
+        raise _as_shown(exc, config.model, model_shown) from None
     except BaseException:
         _kill_all(procs)
         raise
@@ -162,6 +170,15 @@ def _watch(
                 "--timeout if steps are slow)"
             )
         time.sleep(0.05)
+
+
+def _as_shown(exc: InputError | RunFailed, model: str, shown: str) -> Exception:
+    """The error with the model file named as the user named it (the ranks got its
+    absolute path)."""
+    if isinstance(exc, InputError):
+        file = shown if exc.file == model else exc.file
+        return InputError(exc.message.replace(model, shown), file=file, field=exc.field)
+    return RunFailed(str(exc).replace(model, shown))
 
 
 def _hung_rank(

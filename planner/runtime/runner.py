@@ -333,7 +333,9 @@ def run_plan(
             return_params=return_params,
             plan_source=plan_source,
         )
-        result = launch_local(config, placement.world_size, timeout_s=timeout_s)
+        result = launch_local(
+            config, placement.world_size, timeout_s=timeout_s, model_shown=str(model_path)
+        )
         report = build_report(
             result,
             plan=plan,
