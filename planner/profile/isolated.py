@@ -7,9 +7,9 @@ only in its worker ranks. :func:`call_isolated` sends the child a function and i
 arguments (pickled, over a pipe) and returns what the function returned; the child sends
 progress on the way. What the function raises comes back as it was (InputError with its
 file and field, RunFailed); a child that dies instead becomes one line naming the model file,
-how it ended (signal or exit code) and, from its stack dump (:mod:`planner.stack_dump
-<planner.profile.stack_dump>`), where in ``model.py`` it was. That is an InputError (exit 2)
-while the model is being loaded and checked (before the first progress report) and
+how it ended (signal or exit code) and, from its stack dump
+(:mod:`planner.profile.stack_dump`), where in ``model.py`` it was. That is an InputError
+(exit 2) while the model is being loaded and checked (before the first progress report) and
 RunFailed (exit 1) once the work is under way.
 
 The child runs in its own session (a terminal's Ctrl-C reaches only pipeplan, which stops
@@ -48,7 +48,12 @@ ProgressFn = Callable[[int, int, str], None]
 
 
 class ChildError(RuntimeError):
-    """pipeplan's own code failed in the child (a bug): its type, message and traceback."""
+    """pipeplan's own code failed in the child (a bug): its type, message and traceback.
+
+    Example::
+
+        raise ChildError("KeyError: 'x' in the child process; its traceback: ...")
+    """
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -118,31 +123,32 @@ def call_isolated(
 
     Example::
 
-        check_model_file = call_isolated(check_model, "plan.json", "model.py",
-                                         model=Path("model.py"), doing="checking it")
+        path = call_isolated(check_model_file, "plan.json", "model.py",
+                             model=Path("model.py"), doing="checking it")
     """
-    folder = Path(tempfile.mkdtemp(prefix="pipeplan-child-"))
     proc = None
-    try:
-        req_r, req_w = os.pipe()
-        resp_r, resp_w = os.pipe()
+    folder = Path(tempfile.mkdtemp(prefix="pipeplan-child-"))
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    with Connection(resp_r) as answers, Connection(req_w) as request:
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "planner.profile.isolated",
-                 str(req_r), str(resp_w), str(os.getpid()), str(folder)],
-                pass_fds=(req_r, resp_w), env=child_env(), start_new_session=True,
-            )  # fmt: skip
-        finally:
-            os.close(req_r)
-            os.close(resp_w)
-        with Connection(resp_r) as answers:
-            with Connection(req_w) as request, contextlib.suppress(OSError):
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "planner.profile.isolated",
+                     str(req_r), str(resp_w), str(os.getpid()), str(folder)],
+                    pass_fds=(req_r, resp_w), env=child_env(), start_new_session=True,
+                )  # fmt: skip
+            finally:  # the child's ends
+                os.close(req_r)
+                os.close(resp_w)
+            with contextlib.suppress(OSError):  # a child that died at once: _wait tells
                 request.send((fn, args, kwargs, progress is not None))
+            request.close()
             return _wait(proc, answers, progress, model, doing, folder)
-    finally:
-        if proc is not None:
-            stop_process_group(proc)
-        shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            if proc is not None:
+                stop_process_group(proc)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _wait(

@@ -44,7 +44,12 @@ _real_exit = os._exit
 
 
 class UserExit(BaseException):
-    """Raised by ``os._exit(code)`` while user code runs (see :func:`user_code`)."""
+    """Raised by ``os._exit(code)`` while user code runs (see :func:`user_code`).
+
+    Example::
+
+        UserExit(3).code   # 3
+    """
 
     def __init__(self, code: int):
         self.code = code

@@ -73,6 +73,10 @@ class TorchrunEnv:
 
     ``agent_store``: torchrun's agent hosts the rendezvous store (every rank connects to
     it, rank 0 too).
+
+    Example::
+
+        TorchrunEnv(rank=1, world_size=2, local_rank=1, master_addr="node0", master_port=29500)
     """
 
     rank: int
@@ -85,7 +89,12 @@ class TorchrunEnv:
 
 @dataclass(frozen=True)
 class Fault:
-    """An injected failure: ``kind`` at step ``step`` on rank ``rank``."""
+    """An injected failure: ``kind`` at step ``step`` on rank ``rank``.
+
+    Example::
+
+        Fault(rank=1, step=2, kind="kill")   # what PIPEPLAN_FAULT=1:2:kill asks for
+    """
 
     rank: int
     step: int

@@ -126,7 +126,7 @@ def launch_local(
                     env=env,
                     # Own session: Ctrl-C reaches the launcher, which stops the ranks itself.
                     start_new_session=True,
-                )  # fmt: skip
+                )
             )
         _watch(procs, run_dir, config, timeout_s)
     except (InputError, RunFailed) as exc:
@@ -166,7 +166,7 @@ def _watch(
             _kill_all(procs)
             raise RunFailed(
                 f"rank {hung} ({_devices(config, hung)}) made no progress for "
-                f"{timeout_s:.0f} s{' ' + where if where else ''}; stopped every rank (raise "
+                f"{timeout_s:g} s{' ' + where if where else ''}; stopped every rank (raise "
                 "--timeout if steps are slow)"
             )
         time.sleep(0.05)
