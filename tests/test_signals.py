@@ -252,7 +252,9 @@ def main_thread_handlers() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("main_thread_handlers")
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name
+)
 def test_handled_signals_raise_once_and_the_old_handlers_come_back(sig: signal.Signals) -> None:
     before = signal.getsignal(sig)
     with pytest.raises(Interrupted) as info, handle_signals():

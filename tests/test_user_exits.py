@@ -139,6 +139,7 @@ def pipeplan(args: list[str], tmp_path: Path, misbehave: str) -> tuple[int, str]
         ("loss_fn:kbi", r"misbehaves.py: loss_fn: loss_fn\(\.\.\., \.\.\.\) raised "
          r"KeyboardInterrupt \(line 30\); no Ctrl-C"),
     ],
+    ids=["os-exit-build_model", "segv-sample_batch", "keyboard-interrupt-loss_fn"],
 )  # fmt: skip
 def test_profile(misbehaves: dict[str, Path], tmp_path: Path, misbehave: str, says: str) -> None:
     out = tmp_path / "p.json"
