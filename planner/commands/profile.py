@@ -140,6 +140,8 @@ def run_profile(
     if output is not None:
         check_output_path(output, field="-o")
     check_model_path(model)  # its code runs only in the child below
+    if output is None and default_output(model).parent.is_dir():
+        check_output_path(default_output(model))  # before measuring, when it can be
 
     with Progress(
         TextColumn("[bold]profiling[/] {task.description:<24}"),
