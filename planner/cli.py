@@ -3,7 +3,10 @@
 Each verb lives in ``planner/commands/<verb>.py`` and registers itself on :data:`app`.
 Bad input anywhere (:class:`~planner.errors.InputError`) becomes one line on stderr and
 exit code 2, a failed training run (:class:`~planner.errors.RunFailed`) one line and exit
-code 1, Ctrl-C exit code 130 (``--debug`` keeps the traceback); see :func:`main`.
+code 1, Ctrl-C (SIGINT), SIGTERM and SIGHUP one line and exit code 128 + the signal's number
+(130, 143, 129; :mod:`planner.interrupts`) after every process the command started is
+stopped and its temporary files are removed (``--debug`` keeps the traceback); see
+:func:`main`.
 
 Example::
 
@@ -26,6 +29,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
 
 from planner import __version__
 from planner.errors import InputError, RunFailed
+from planner.interrupts import Interrupted, handle_signals
 
 __all__ = ["app", "main"]
 
@@ -92,7 +96,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = [a for a in args if a != "--debug"]
     _register_commands()
     try:
-        result = app(args=args, prog_name="pipeplan", standalone_mode=False)
+        with handle_signals():
+            result = app(args=args, prog_name="pipeplan", standalone_mode=False)
+    except Interrupted as exc:  # the clean-up ran on the way out (try/finally)
+        if debug:
+            traceback.print_exc()
+        fail(f"interrupted by {exc.name}", code=exc.exit_code)
     except InputError as exc:
         if debug:
             traceback.print_exc()

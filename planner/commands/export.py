@@ -56,7 +56,7 @@ def export_command(
     """
     from planner.export import export_plan  # lazy: `pipeplan --help` need not load export
 
-    result = export_plan(plan_path, to, out, model=model)
+    result = export_plan(plan_path, to, out, model=model, isolate=True)  # model.py in a child
     if as_json:
         print(
             json.dumps(

@@ -22,7 +22,8 @@ from planner.outputs import Outputs
 from planner.precision import check_precision
 from planner.profile.analytic import analytic_info, analytic_profile, check_analytic_settings
 from planner.profile.batch_dependence import batch_dependence_warning
-from planner.profile.loader import load_model_file, model_name
+from planner.profile.isolated import call_isolated
+from planner.profile.loader import check_model_path, model_name
 from planner.profile.measure import (
     check_device,
     check_timing,
@@ -159,7 +160,7 @@ def run_profile(
     check_timing(timing, checked_device.split(":")[0])
     outs = Outputs([("the model file", model)])
     outs.file(output, "-o")
-    load_model_file(model)  # path, import and the contract's functions, before the bar starts
+    check_model_path(model)  # its code runs only in the child below
     if output is None:  # the default folder is created with the profile
         output = outs.file(default_output(model), None, make_folder=True)
 
@@ -177,9 +178,14 @@ def run_profile(
         def progress(done: int, total: int, description: str) -> None:
             bar.update(task, completed=done, total=total, description=description)
 
-        profile = profile_model(
+        # The user's code runs in a child process: its exits, crashes and Ctrl-C never end
+        # this one (planner.profile.isolated).
+        profile = call_isolated(
+            profile_model,
             model,
             microbatch_sizes,
+            model=model,
+            doing="profiling",
             repeat=repeat,
             warmup=warmup,
             device=device,
@@ -247,7 +253,7 @@ def run_analytic(
     gpu_file = gpu if gpu.endswith((".yaml", ".yml")) else None
     outs = Outputs([("the model file", model), ("--gpu", gpu_file)])
     outs.file(output, "-o")
-    load_model_file(model)
+    check_model_path(model)  # its code runs only in the child below
     if output is None:  # beside, never over, a measured profile of the model
         measured = default_output(model)
         output = outs.file(
@@ -258,9 +264,13 @@ def run_analytic(
         if show_progress and err.is_terminal
         else contextlib.nullcontext()
     ):
-        profile = analytic_profile(
+        # The user's code runs in a child process, as measured profiling's does.
+        profile = call_isolated(
+            analytic_profile,
             model,
             microbatch_sizes,
+            model=model,
+            doing="counting it",
             gpu=settings.gpu,
             efficiency=settings.efficiency,
             precision=precision,

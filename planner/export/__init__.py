@@ -32,9 +32,10 @@ from planner.export.torchtitan import export_torchtitan
 from planner.fileio import check_input_file
 from planner.outputs import Outputs
 from planner.plan_inputs import plan_files
-from planner.profile.loader import load_model_file
+from planner.profile.isolated import call_isolated
+from planner.profile.loader import check_model_path, load_model_file
 
-__all__ = ["TARGETS", "ExportResult", "check_model", "export_plan"]
+__all__ = ["TARGETS", "ExportResult", "check_model", "check_model_file", "export_plan"]
 
 TARGETS = ("torch", "torchtitan")
 
@@ -99,19 +100,33 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     return str(Path(model).resolve())
 
 
+def check_model_file(plan: str, model: str) -> str:
+    """:func:`check_model` of the plan at path ``plan`` (what a child process runs).
+
+    Example::
+
+        check_model_file("plan.json", "examples/gpt.py")
+    """
+    return check_model(load_export_source(plan), model)
+
+
 def export_plan(
     plan: str | os.PathLike[str],
     to: str,
     out_dir: str | os.PathLike[str] | None = None,
     *,
     model: str | os.PathLike[str] | None = None,
+    isolate: bool = False,
 ) -> ExportResult:
     """Check ``plan`` and write the export for ``to`` (``torch`` or ``torchtitan``).
 
     ``out_dir`` defaults to ``PLANSTEM-TO`` in the current folder and is created (its parent
     must exist); it is checked before anything else and its files are written all or none
     (:class:`planner.outputs.Outputs`), never over the plan, its profile or topology, or
-    the model. ``model`` is checked against the profile and recorded for the script.
+    the model. ``model`` is checked against the profile and recorded for the script; with
+    ``isolate`` (the command line) its code runs in a child process
+    (:mod:`planner.profile.isolated`), so its exits and crashes are reported, never this
+    process's own.
 
     Example::
 
@@ -127,7 +142,14 @@ def export_plan(
     )
     source = load_export_source(plan)
     outs.add_inputs(plan_files(source.plan, Path(plan)))
-    model_path = check_model(source, model) if model is not None else None
+    model_path = None
+    if model is not None and isolate:
+        check_model_path(model)
+        model_path = call_isolated(
+            check_model_file, str(plan), str(model), model=Path(model), doing="checking it"
+        )
+    elif model is not None:
+        model_path = check_model(source, model)
     notes: list[str] = []
     if to == "torch":
         export_torch(outs, source, target, model=model_path)

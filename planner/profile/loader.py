@@ -19,7 +19,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import traceback
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,8 +28,9 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.profile.user_exits import user_code, user_line
 
-__all__ = ["UserModel", "default_loss", "load_model_file", "model_name"]
+__all__ = ["UserModel", "check_model_path", "default_loss", "load_model_file", "model_name"]
 
 
 def default_loss(outputs: Any, targets: Any) -> Any:
@@ -164,15 +164,15 @@ class UserModel:
         return value
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        call = f"{what}({_show_args(args)})"
         try:
-            return fn(*args)
+            with user_code(self.path, what, call):  # its exits become InputErrors too
+                return fn(*args)
         except InputError:
             raise
         except Exception as exc:
             raise InputError(
-                f"{what}({_show_args(args)}) raised {_describe(exc, self.path)}",
-                file=str(self.path),
-                field=what,
+                f"{call} raised {_describe(exc, self.path)}", file=str(self.path), field=what
             ) from None
 
 
@@ -189,11 +189,7 @@ def load_model_file(path: str | os.PathLike[str]) -> UserModel:
         user = load_model_file("examples/mlp.py")
         user.name, user.source_sha256[:8]
     """
-    source = Path(path)
-    if not source.exists():
-        raise InputError("file does not exist", file=str(source))
-    if not source.is_file():
-        raise InputError("is not a file; expected a model.py", file=str(source))
+    source = check_model_path(path)
     digest = sha256_file(source)
     module = _import(source, digest)
     build = getattr(module, "build_model", None)
@@ -212,6 +208,21 @@ def load_model_file(path: str | os.PathLike[str]) -> UserModel:
     return UserModel(source, model_name(source), digest, module, build, sample, loss)
 
 
+def check_model_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path when it names a file; InputError otherwise (nothing imported).
+
+    Example::
+
+        check_model_path("examples/mlp.py")   # Path('examples/mlp.py')
+    """
+    source = Path(path)
+    if not source.exists():
+        raise InputError("file does not exist", file=str(source))
+    if not source.is_file():
+        raise InputError("is not a file; expected a model.py", file=str(source))
+    return source
+
+
 def _import(source: Path, digest: str) -> ModuleType:
     module_name = f"pipeplan_user_{model_name(source)}_{digest[:12]}"
     if module_name in sys.modules:  # the same bytes were loaded before
@@ -224,9 +235,12 @@ def _import(source: Path, digest: str) -> ModuleType:
     sys.path.insert(0, folder)  # so a model.py can import files beside it
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
+        with user_code(source, None, "its import"):  # exits at import become InputErrors
+            spec.loader.exec_module(module)
+    except BaseException as exc:
         del sys.modules[module_name]
+        if isinstance(exc, InputError) or not isinstance(exc, Exception):
+            raise
         raise InputError(f"raised on import: {_describe(exc, source)}", file=str(source)) from None
     finally:
         if folder in sys.path:
@@ -239,11 +253,7 @@ def _describe(exc: BaseException, source: Path) -> str:
     text = " ".join(str(exc).split()) or "(no message)"
     if len(text) > 300:
         text = text[:297] + "..."
-    line = None
-    resolved = str(source.resolve())
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if os.path.abspath(frame.filename) == resolved:
-            line = frame.lineno
+    line = user_line(exc.__traceback__, source)
     if isinstance(exc, SyntaxError) and exc.lineno is not None:
         line = exc.lineno
         text = exc.msg

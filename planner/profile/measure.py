@@ -236,6 +236,8 @@ def profile_model(
             for name, ps in zip(split.names, params, strict=True)
         ]
         prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
+        if progress is not None:  # loaded and checked at every size: the measuring starts
+            progress(0, settings.repeat, "measuring")
 
         def after_repeat(r: int) -> None:
             if progress is not None:

@@ -6,7 +6,9 @@ Modules: :mod:`~planner.runtime.placement` (plan devices -> ranks and torch devi
 :mod:`~planner.runtime.optimizer` (the profile's optimizer; 2BW double buffering),
 :mod:`~planner.runtime.executor` (one process's action lists),
 :mod:`~planner.runtime.worker` (one process), :mod:`~planner.runtime.launch` (spawn,
-watchdog, cleanup), :mod:`~planner.runtime.report` and :mod:`~planner.runtime.calibrate`.
+watchdog, cleanup), :mod:`~planner.runtime.environment` (torchrun's variables,
+``PIPEPLAN_FAULT``, the rendezvous), :mod:`~planner.runtime.report` and
+:mod:`~planner.runtime.calibrate`.
 
 Example::
 

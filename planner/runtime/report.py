@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 from planner.plan_inputs import resimulate
 from planner.profile.analytic import analytic_info
+from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
 from planner.simulate import SimEvent, SimResult
@@ -255,6 +256,9 @@ def build_report(
     step_predicted = bool(pred is not None and pred.step_ms) or bool(
         plan.schedule.meta.get("step_ms")
     )
+    warning = batch_dependence_warning(ranks[0].get("batch_dependent") or [])
+    if warning is not None:  # the model's result depends on the microbatch size
+        notes = [*notes, f"warning: {warning}"]
     if predicted and step > 0.05 * float(predicted) and not step_predicted:
         notes = [
             *notes,

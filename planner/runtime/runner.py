@@ -1,16 +1,19 @@
 """``run_plan``: check a plan against its model, launch the processes, build the report.
 
-Before anything starts, the plan is refused (InputError, exit 2) when
+Before any process starts, the plan is refused (InputError, exit 2) when
 
 * its schedule is not a valid, deadlock-free execution of its stages;
 * the profile it was made from (``plan.profile.path``, found relative to the current
   folder or to the plan file) changed since (sha256), or was measured on another
-  ``model.py`` (the profile's ``source_sha256`` against the given file's);
-* the model splits into a different number of layers (or other layer names) than the
-  profile has.
+  ``model.py`` (the profile's ``source_sha256`` against the given file's bytes);
+* ``PIPEPLAN_FAULT`` or torchrun's variables are malformed
+  (:mod:`planner.runtime.environment`).
 
-A profile that cannot be found is not an error (plans travel between machines): the
-source check is skipped and the report says so.
+This process never runs the user's code (its exits, crashes and hangs could not be told
+from pipeplan's own): every rank loads the model and, before it trains, refuses with exit 2
+a model that splits into other layers than the profile has, as many as the plan covers
+(:mod:`planner.runtime.worker`). A profile that cannot be found is not an error (plans
+travel between machines): the source check is skipped and the report says so.
 
 Example::
 
@@ -28,13 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import InputError
+from planner.fileio import sha256_file
 from planner.optimizers import check_optimizer
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
-from planner.profile.batch_dependence import batch_dependence_warning, batch_dependent_modules
-from planner.profile.loader import load_model_file
+from planner.profile.loader import check_model_path
 from planner.profile.schema import load_profile
+from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env, wait_for_rendezvous
 from planner.runtime.launch import launch_local
 from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
@@ -113,9 +117,10 @@ def check_run_options(
 def check_plan(
     plan: Plan, model_path: str | os.PathLike[str], plan_source: str | None
 ) -> RunSettings:
-    """Refuse a plan that does not fit ``model_path``; returns the run's settings (the
-    profile's optimizer, graph capture, precision and threads when the profile is found,
-    and the notes for the report). ``plan`` is valid (``Plan.load`` or ``Plan.validate``).
+    """Refuse a plan that does not fit ``model_path`` (its bytes: the model's code runs only
+    in the ranks); returns the run's settings (the profile's optimizer, graph capture,
+    precision, threads and layer names when the profile is found, and the notes for the
+    report). ``plan`` is valid (``Plan.load`` or ``Plan.validate``).
 
     Example::
 
@@ -130,7 +135,7 @@ def check_plan(
             file=where,
             field="schedule.iterations",
         )
-    user = load_model_file(model_path)
+    source_sha256 = sha256_file(check_model_path(model_path))
     settings = RunSettings(num_layers=max(s.last for s in plan.stages) + 1)
     found = find_file(plan.profile, plan_source)
     if found is None:
@@ -138,10 +143,10 @@ def check_plan(
     else:
         check_unchanged(found, plan.profile, "profile", where)
         profile = load_profile(found)
-        if profile.source_sha256 and profile.source_sha256 != user.source_sha256:
+        if profile.source_sha256 and profile.source_sha256 != source_sha256:
             raise InputError(
                 f"this model.py is not the one profiled for the plan (its sha256 "
-                f"{user.source_sha256[:12]} differs from the profile's "
+                f"{source_sha256[:12]} differs from the profile's "
                 f"{profile.source_sha256[:12]}); profile and solve again, or pass the right "
                 "--model",
                 file=str(model_path),
@@ -189,41 +194,6 @@ def run_precision(
     return chosen
 
 
-def _check_split(settings: RunSettings, model_path: str | os.PathLike[str], plan: Plan) -> None:
-    """Split the model here once, so a mismatch is one clear line, not a worker crash; and
-    note once when the model's result depends on the microbatch size (BatchNorm)."""
-    import torch
-
-    from planner.profile.split import capture_model  # lazy: pulls torch
-
-    user = load_model_file(model_path)
-    torch.manual_seed(0)
-    model = user.build()
-    model.train()
-    warning = batch_dependence_warning(batch_dependent_modules(model))
-    if warning is not None:
-        settings.notes.append(f"warning: {warning}")
-    inputs, _ = user.batch(plan.microbatch_size)
-    split = capture_model(
-        model, inputs, settings.split_at, capture=settings.capture, source=model_path
-    )
-    names = settings.layer_names
-    if names is not None and list(split.names) != list(names):
-        raise InputError(
-            f"the model splits into {split.num_layers} layers {split.names[:4]}... but the "
-            f"profile has {len(names)} {names[:4]}...; profile again",
-            file=str(model_path),
-            field="layers",
-        )
-    if settings.num_layers != split.num_layers:
-        raise InputError(
-            f"the plan's stages cover {settings.num_layers} layers but the model splits "
-            f"into {split.num_layers}",
-            file=str(model_path),
-            field="stages",
-        )
-
-
 def prepare_run(
     plan: Plan | str | os.PathLike[str],
     model_path: str | os.PathLike[str],
@@ -245,7 +215,6 @@ def prepare_run(
     else:  # built in memory: checked as Plan.load checks a file
         plan.validate(source=plan_source or "<plan>")
     settings = check_plan(plan, model_path, plan_source)
-    _check_split(settings, model_path, plan)
     placement = place(plan.stages, device, world_size=world_size, device_map=device_map)
     if placement.shared:
         shared = [
@@ -312,6 +281,7 @@ def worker_config(
         precision=settings.precision or "fp32",
         lr=lr,
         return_params=return_params,
+        layer_names=settings.layer_names,
     )
 
 
@@ -369,8 +339,6 @@ def run_plan(
         report = run_plan("plan.json", "examples/mlp.py", steps=3, device="cpu")
         print(f"{report.iteration_ms:.1f} ms, {report.ratio:.2f}x the prediction")
     """
-    import torch
-
     check_run_options(steps=steps, warmup=warmup, timeout_s=timeout_s, threads=threads, lr=lr)
     plan_source = str(plan) if not isinstance(plan, Plan) else None
     plan, settings, placement = prepare_run(
@@ -379,6 +347,7 @@ def run_plan(
     if optimizer is not None:  # checked here, before any process starts
         settings.optimizer = check_optimizer(optimizer, field="optimizer")
     settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
+    parse_fault(os.environ.get(FAULT_ENV), placement.world_size)  # before any process starts
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
         config = worker_config(
@@ -395,7 +364,9 @@ def run_plan(
             return_params=return_params,
             plan_source=plan_source,
         )
-        result = launch_local(config, placement.world_size, timeout_s=timeout_s)
+        result = launch_local(
+            config, placement.world_size, timeout_s=timeout_s, model_shown=str(model_path)
+        )
         report = build_report(
             result,
             plan=plan,
@@ -405,6 +376,8 @@ def run_plan(
             notes=settings.notes,
         )
         if return_params:
+            import torch  # lazy: the launcher needs torch for nothing else
+
             report.parameters = torch.load(Path(run_dir) / "params.pt")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -454,8 +427,9 @@ def run_this_rank(
     precision: str | None = None,
     return_params: bool = False,
 ) -> RunReport | None:
-    """Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` set): this process is one
-    rank of the plan's run; rank 0 returns the report, every other rank None.
+    """Under torchrun (:func:`planner.runtime.environment.torchrun_env`: ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set and well formed): this process is
+    one rank of the plan's run; rank 0 returns the report, every other rank None.
 
     Example::
 
@@ -466,7 +440,15 @@ def run_this_rank(
 
     import torch
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    env = torchrun_env()
+    if env is None:
+        raise InputError(
+            "not set: run_this_rank runs one rank of a torchrun job",
+            field="environment variable RANK",
+        )
+    rank, world = env.rank, env.world_size
+    parse_fault(os.environ.get(FAULT_ENV), world)
+    wait_for_rendezvous(env, timeout_s)  # one line, not torch's traceback, when unreachable
     source = str(plan_path)
     plan, settings, placement = prepare_run(
         plan_path, model_path, device=device, world_size=world, plan_source=source

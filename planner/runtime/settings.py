@@ -55,7 +55,8 @@ class WorkerConfig:
     """What every worker process of a run reads (as JSON in the run folder).
 
     ``init_method`` is the rendezvous (``tcp://...`` for a local launch, ``env://`` under
-    torchrun); ``return_params`` makes rank 0 save the trained parameters.
+    torchrun); ``return_params`` makes rank 0 save the trained parameters; ``layer_names``
+    (the profile's, when it was found) is what every rank checks its split against.
 
     Example::
 
@@ -78,6 +79,7 @@ class WorkerConfig:
     lr: float | None = None
     return_params: bool = False
     init_method: str | None = None
+    layer_names: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form the workers read.
@@ -103,6 +105,7 @@ class WorkerConfig:
             "lr": self.lr,
             "return_params": self.return_params,
             "init_method": self.init_method,
+            "layer_names": self.layer_names,
         }
 
     @classmethod
@@ -131,4 +134,5 @@ class WorkerConfig:
             lr=data.get("lr"),
             return_params=bool(data.get("return_params")),
             init_method=data.get("init_method"),
+            layer_names=data.get("layer_names"),
         )

@@ -7,10 +7,20 @@ process draws the same global batch (``torch.manual_seed(step)``, then
 ``sample_batch(microbatch_size * num_microbatches)``) and slices microbatch ``k`` as rows
 ``k * mbs .. (k + 1) * mbs``; first stages use its inputs, last stages its targets.
 
-Rank 0 gathers the results (timings, losses, memory, optionally the parameters) over a
-gloo group and writes them to the run directory. Any failure writes ``error-RANK.txt`` (one
-line naming the rank, its devices and the error) and exits non-zero; the launcher's
-watchdog then stops every other rank.
+Every rank checks the split against the plan's profile (layer names and count) before it
+trains: the launcher itself never runs the user's code (its exits, crashes and hangs are
+reported from outside). Rank 0 gathers the results (timings, losses, memory, optionally the
+parameters) over a gloo group and writes them to the run directory.
+
+What the launcher's watchdog reads in the run directory: ``alive-RANK`` (its phase,
+``loading`` or ``training``; rewritten at every step: the heartbeat), ``error-RANK.json``
+(one line naming the rank, its devices and the error, and for bad input found while loading
+the model the InputError's parts), ``done-RANK`` (finished cleanly), ``crash-RANK.txt`` and
+``stack-RANK.txt`` (Python stacks on a fatal signal and when asked,
+:mod:`planner.profile.stack_dump`). A rank that fails writes its error and exits non-zero;
+the watchdog then stops every other rank. While the model loads, a user's exit or a
+``KeyboardInterrupt`` from its code is bad input (exit 2); once training runs, every
+failure is a failed run (exit 1).
 
 Example::
 
@@ -29,16 +39,22 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.allocator import keep_freed_memory
-from planner.errors import InputError
+from planner.errors import InputError, RunFailed
+from planner.interrupts import Interrupted, handle_signals, handling
 from planner.precision import autocast
+from planner.profile.batch_dependence import batch_dependent_modules
+from planner.profile.isolated import die_with_parent
 from planner.profile.loader import load_model_file
+from planner.profile.stack_dump import record_stacks
 from planner.profile.tied import find_tied_parameters
 from planner.runtime.comm import P2P, cut_specs, message_order
+from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
 from planner.runtime.placement import Placement
 from planner.runtime.settings import WorkerConfig
 from planner.schedule import as_stream
@@ -48,48 +64,51 @@ from planner.tensors import slice_batch, to_device
 if TYPE_CHECKING:
     from planner.plan import Plan
 
-__all__ = ["FAULT_ENV", "stream_2bw", "worker_entry", "worker_main"]
+__all__ = ["LOADING", "TRAINING", "stream_2bw", "worker_entry", "worker_main"]
 
-FAULT_ENV = "PIPEPLAN_FAULT"
-"""``RANK:STEP:raise|kill|hang``: make one rank fail at a step (to test the failure paths)."""
+LOADING, TRAINING = "loading", "training"
+"""A rank's phases after the rendezvous, as its heartbeat file ``alive-RANK`` names them."""
 
 
-def worker_entry(rank: int, config_path: str) -> None:
+def worker_entry(rank: int, config_path: str, parent_pid: int | None = None) -> None:
     """Entry point of a spawned process: run, and on any error write it and exit 1.
 
     Example::
 
-        python -m planner.runtime.worker 0 /tmp/run/config.json   # what launch.py starts
+        python -m planner.runtime.worker 0 /tmp/run/config.json 4242   # what launch.py starts
     """
-    _die_with_parent()
+    die_with_parent(parent_pid)  # no rank outlives its launcher
     raw = json.loads(Path(config_path).read_text())
-    try:
-        worker_main(rank, WorkerConfig.from_dict(raw))
-    except BaseException as exc:  # report every failure, then end this process at once
-        _write_error(Path(raw["run_dir"]), rank, raw["placement"], exc)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+    run_dir = Path(raw["run_dir"])
+    record_stacks(run_dir / f"crash-{rank}.txt", run_dir / f"stack-{rank}.txt")
+    with handle_signals():  # a KeyboardInterrupt is then the user code's own
+        try:
+            worker_main(rank, WorkerConfig.from_dict(raw))
+            (run_dir / f"done-{rank}").write_text("")
+        except BaseException as exc:  # report every failure, then end this process at once
+            _write_error(run_dir, rank, raw["placement"], exc)
+            _flush()
+            os._exit(1)
+    _flush()
     os._exit(0)
 
 
-def _die_with_parent() -> None:
-    # Linux: the kernel kills this worker if the launcher dies, so no orphan survives it.
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
+def _flush() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def _write_error(run_dir: Path, rank: int, placement: Any, exc: BaseException) -> None:
     devices = Placement.from_dict(placement).devices_of(rank)
+    bad_input = None
     if isinstance(exc, InputError):
         text = exc.one_line()
-    elif isinstance(exc, KeyboardInterrupt):
-        text = "interrupted"
+        bad_input = [exc.message, exc.file, exc.field]
+    elif isinstance(exc, RunFailed):
+        text = str(exc)
+    elif isinstance(exc, Interrupted):
+        text = f"stopped by {exc.name}"
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
         frames = traceback.extract_tb(exc.__traceback__)
@@ -98,20 +117,42 @@ def _write_error(run_dir: Path, rank: int, placement: Any, exc: BaseException) -
             text += f" (at {Path(f.filename).name}:{f.lineno})"
     line = f"rank {rank} ({', '.join(devices)}): {text}"
     with contextlib.suppress(OSError):
-        (run_dir / f"error-{rank}.txt").write_text(line + "\n")
+        record = {"line": line, "input": bad_input}
+        (run_dir / f"error-{rank}.json").write_text(json.dumps(record) + "\n")
     # Not printed: the launcher prints the one line that matters (the first failure).
 
 
+@contextlib.contextmanager
+def _model_code(model: str, training: bool) -> Iterator[None]:
+    """Exits of the user's code outside its guarded calls (forward, hooks) named as such;
+    once training runs, bad input is a failed run (exit 1), not exit 2."""
+    doing = "training" if training else "loading the model"
+    try:
+        yield
+    except InputError as exc:
+        if training:
+            raise RunFailed(exc.one_line()) from None
+        raise
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        raise _error(model, f"its code called sys.exit({code}) while {doing}", training) from None
+    except KeyboardInterrupt:
+        if not handling():
+            raise
+        raise _error(model, f"its code raised KeyboardInterrupt while {doing}", training) from None
+
+
+def _error(model: str, text: str, training: bool) -> Exception:
+    return RunFailed(f"{model}: {text}") if training else InputError(text, file=model)
+
+
 def _fault(rank: int, step: int) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec:
+    fault = parse_fault(os.environ.get(FAULT_ENV))  # checked before the ranks started
+    if fault is None or fault.rank != rank or fault.step != step:
         return
-    r, s, kind = (spec.split(":") + ["", "", ""])[:3]
-    if int(r) != rank or int(s) != step:
-        return
-    if kind == "kill":
+    if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
+    if fault.kind == "hang":
         time.sleep(1e6)
     raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
 
@@ -155,30 +196,33 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
     run_dir = Path(config.run_dir)
     placement = config.placement
     device, control = _init_process(rank, config, placement)
-    _heartbeat(run_dir, rank)
+    _heartbeat(run_dir, rank, LOADING)
 
     plan, schedule = config.plan, config.plan.schedule
-    user = load_model_file(config.model)
-    torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
-    model = user.build()
-    model.train()
-    sample_inputs, _ = user.batch(plan.microbatch_size)
-    split = capture_model(
-        model,
-        sample_inputs,
-        config.split_at,
-        capture=config.capture,
-        source=config.model,
-    )
     precision = config.precision
 
     def mixed() -> Any:  # every forward and loss under the profile's autocast
         return autocast(device.type, precision)
 
-    # What crosses each cut, in the dtypes the stages will produce: one pass under this
-    # device's autocast (a message of another dtype would stop the run at its send).
-    with mixed():
-        specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs), device=device)
+    with _model_code(config.model, training=False):
+        user = load_model_file(config.model)
+        torch.manual_seed(0)  # the profiler's seed: identical weights on every rank
+        model = user.build()
+        model.train()
+        batch_dependent = batch_dependent_modules(model)  # the report warns (BatchNorm)
+        sample_inputs, _ = user.batch(plan.microbatch_size)
+        split = capture_model(
+            model,
+            sample_inputs,
+            config.split_at,
+            capture=config.capture,
+            source=config.model,
+        )
+        _check_layers(split, config)
+        # What crosses each cut, in the dtypes the stages will produce: one pass under this
+        # device's autocast (a message of another dtype would stop the run at its send).
+        with mixed():
+            specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs), device=device)
     names = {id(p): n for n, p in model.named_parameters()}
     stages = _build_stages(rank, config, plan, schedule, placement, split, names, user, device)
     for runtime in stages.runtimes.values():
@@ -190,7 +234,9 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    measured = _train(rank, run_dir, executor, batches, stages.stream, config, control, plan)
+    _heartbeat(run_dir, rank, TRAINING)
+    with _model_code(config.model, training=True):
+        measured = _train(rank, run_dir, executor, batches, stages.stream, config, control, plan)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else _max_rss()
     mine: dict[str, Any] = {
         "rank": rank,
@@ -205,8 +251,29 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
         "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
         "precision": precision,
         "skipped": scaler.skipped if scaler is not None else [],
+        "batch_dependent": batch_dependent,
     }
     return _gather(rank, run_dir, config, placement, stages, mine, control)
+
+
+def _check_layers(split: Any, config: WorkerConfig) -> None:
+    """The model splits into the profile's layers, as many as the plan's stages cover."""
+    names = config.layer_names
+    if names is not None and list(split.names) != list(names):
+        raise InputError(
+            f"the model splits into {split.num_layers} layers {split.names[:4]}... but the "
+            f"profile has {len(names)} {names[:4]}...; profile again",
+            file=config.model,
+            field="layers",
+        )
+    covered = max(s.last for s in config.plan.stages) + 1
+    if covered != split.num_layers:
+        raise InputError(
+            f"the plan's stages cover {covered} layers but the model splits "
+            f"into {split.num_layers}",
+            file=config.model,
+            field="stages",
+        )
 
 
 def _init_process(rank: int, config: WorkerConfig, placement: Any) -> tuple[Any, Any]:
@@ -217,9 +284,10 @@ def _init_process(rank: int, config: WorkerConfig, placement: Any) -> tuple[Any,
 
     keep_freed_memory()  # as the profiler did: see planner.allocator
     torch.set_num_threads(config.threads)
+    env = torchrun_env() if config.init_method in (None, "env://") else None
     if placement.device_type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        device = torch.device("cuda", local_rank)
+        local = env.local_rank if env is not None else None
+        device = torch.device("cuda", rank if local is None else local)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -346,7 +414,7 @@ def _executor(
         groups,
         device,
         timeout_s=config.timeout_s,
-        heartbeat=lambda: _heartbeat(run_dir, rank),
+        heartbeat=lambda: _heartbeat(run_dir, rank, TRAINING),
         tied=tied,
         scaler=scaler,
         scale_group=scale_group,
@@ -393,7 +461,7 @@ def _train(
     out = _Measured()
     if stream:
         # One continuous 2bw stream: the data of every iteration, then one run.
-        _heartbeat(run_dir, rank)
+        _heartbeat(run_dir, rank, TRAINING)
         _fault(rank, 0)
         ins_all: list[Any] = []
         tgs_all: list[Any] = []
@@ -406,7 +474,7 @@ def _train(
         split = _split_stream(result, plan.num_microbatches, warmup, total)
         out.step_seconds, out.losses, out.stage_samples, out.last_events = split
     for step in range(0 if stream else total):
-        _heartbeat(run_dir, rank)
+        _heartbeat(run_dir, rank, TRAINING)
         _fault(rank, step)
         inputs, targets = batches(step)
         dist.barrier(group=control)
@@ -508,9 +576,10 @@ def _split_stream(
     return seconds, losses, samples, events
 
 
-def _heartbeat(run_dir: Path, rank: int) -> None:
+def _heartbeat(run_dir: Path, rank: int, phase: str) -> None:
+    # The launcher reads the file's time (progress) and its text (the phase).
     with contextlib.suppress(OSError):
-        (run_dir / f"alive-{rank}").write_text(str(time.time()))
+        (run_dir / f"alive-{rank}").write_text(phase)
 
 
 def _max_rss() -> int:
@@ -519,5 +588,5 @@ def _max_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-if __name__ == "__main__":  # python -m planner.runtime.worker RANK CONFIG (see launch.py)
-    worker_entry(int(sys.argv[1]), sys.argv[2])
+if __name__ == "__main__":  # python -m planner.runtime.worker RANK CONFIG PARENT (launch.py)
+    worker_entry(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)
