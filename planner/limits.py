@@ -28,6 +28,7 @@ __all__ = [
     "MAX_ACTION_CHARS",
     "MAX_BANDWIDTH",
     "MAX_BYTES",
+    "MAX_COLLECTIVES",
     "MAX_DEVICES",
     "MAX_FILE_BYTES",
     "MAX_GANTT_WIDTH",
@@ -44,6 +45,7 @@ __all__ = [
     "MAX_ROUTED_DEVICES",
     "MAX_SCHEDULE_OPS",
     "MAX_SPEED",
+    "MAX_TENSOR_PARALLEL",
     "MAX_THREADS",
     "MAX_TIME_LIMIT_S",
     "MAX_TIME_MS",
@@ -94,6 +96,14 @@ has 200,000 (3 s and 0.25 GB to load on the development VM)."""
 
 MAX_LINK_COUNT = 10_000
 """Parallel links in one ``count:`` (an H100 has 18 NVLinks)."""
+
+MAX_TENSOR_PARALLEL = 1_024
+"""Devices in one tensor-parallel group. Megatron-LM and Llama 3 use 8 (one NVLink domain);
+an NVL72 rack holds 72."""
+
+MAX_COLLECTIVES = 1_000
+"""Collectives one layer's shard issues per microbatch (a Megatron block: 4, with sequence
+parallelism 8)."""
 
 MAX_LAYERS = 100_000
 """Layers of a profile (and so stage indices and layer ranges). The deepest real models

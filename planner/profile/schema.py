@@ -21,9 +21,11 @@ from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
 from planner.limits import (
     MAX_BYTES,
+    MAX_COLLECTIVES,
     MAX_LAYERS,
     MAX_MICROBATCH_SIZE,
     MAX_NAME_CHARS,
+    MAX_TENSOR_PARALLEL,
     MAX_TIME_MS,
     check_int,
     check_name,
@@ -32,6 +34,16 @@ from planner.limits import (
 from planner.optimizers import check_optimizer
 from planner.precision import PRECISIONS
 from planner.profile.pass_timing import pass_ratio
+from planner.profile.sharding import (
+    COLLECTIVE_OPS,
+    PHASES,
+    Collective,
+    ShardParams,
+    ShardTiming,
+    TensorParallelInfo,
+    parse_shard_key,
+    shard_key,
+)
 from planner.profile.tied import TiedParameter
 
 __all__ = [
@@ -59,17 +71,24 @@ FLOP_FIELDS = ("forward_flops", "backward_input_flops", "backward_weight_flops")
 TOP_FIELDS = frozenset(
     {"schema", "model", "source_sha256", "device", "dtype", "torch_version", "optimizer"}
     | {"precision", "layers", "edges", "measurements", "meta", "tied_parameters"}
+    | {"tensor_parallel"}
 )
 LAYER_FIELDS = frozenset(
     {"name", "param_count", "param_bytes", "optimizer_state_bytes", "optimizer_ms"}
-    | {"optimizer_workspace_bytes"}
+    | {"optimizer_workspace_bytes", "sharded"}
 )
 MEASUREMENT_FIELDS = frozenset(
     {"microbatch_size", "input_bytes", "layers", "pass_forward_ms", "pass_backward_ms"}
 )
 TIMING_FIELDS = frozenset(
-    {*_TIMING_FIELDS, *_BYTE_FIELDS, *FLOP_FIELDS, "workspace_bytes", "spread"}
+    {*_TIMING_FIELDS, *_BYTE_FIELDS, *FLOP_FIELDS, "workspace_bytes", "spread", "sharded"}
 )
+SHARD_PARAM_FIELDS = frozenset({"param_count", "param_bytes", "optimizer_state_bytes"})
+SHARD_PARAM_FIELDS |= {"optimizer_ms"}
+SHARD_TIMING_FIELDS = frozenset({*_TIMING_FIELDS, *_BYTE_FIELDS, "workspace_bytes", "spread"})
+SHARD_TIMING_FIELDS |= {"collectives"}
+COLLECTIVE_FIELDS = frozenset({"op", "bytes", "phase"})
+TENSOR_PARALLEL_FIELDS = frozenset({"degrees", "sequence_parallel", "plan_source"})
 TIED_FIELDS = frozenset({"name", "layers", "param_bytes", "param_count"})
 
 
@@ -87,6 +106,9 @@ class Layer:
     # CUDA: the step's transient memory (a foreach step's temporaries) beyond the weights,
     # gradients and state, as the caching allocator counts it; 0 where not measured (CPU).
     optimizer_workspace_bytes: int = 0
+    # One rank's share of the parameters per tensor-parallel degree ("tp2": ...); empty
+    # when the profile has no tensor-parallel entries (planner.profile.sharding).
+    sharded: dict[str, ShardParams] = field(default_factory=dict)
 
     @property
     def gradient_bytes(self) -> int:
@@ -112,6 +134,9 @@ class LayerTiming:
     forward_flops: int | None = None
     backward_input_flops: int | None = None
     backward_weight_flops: int | None = None
+    # One rank's shard per tensor-parallel setting ("tp2", "tp2-sp": ...); empty when the
+    # profile has no tensor-parallel entries (planner.profile.sharding).
+    sharded: dict[str, ShardTiming] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -130,6 +155,8 @@ class LayerTiming:
             value = getattr(self, name)
             if value is not None:  # optional: absent in measured profiles
                 out[name] = value
+        if self.sharded:  # optional: absent without tensor-parallel entries
+            out["sharded"] = {key: t.to_dict() for key, t in self.sharded.items()}
         return out
 
 
@@ -193,6 +220,8 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict)
     # Parameters used by two or more layers (tied embeddings); empty when there are none.
     tied_parameters: list[TiedParameter] = field(default_factory=list)
+    # The tensor-parallel degrees the layers' ``sharded`` entries cover; None: none.
+    tensor_parallel: TensorParallelInfo | None = None
 
     @property
     def num_layers(self) -> int:
@@ -252,6 +281,8 @@ class Profile:
             out["edges"] = [list(e) for e in self.edges]
         if self.tied_parameters:  # optional: absent means no parameter is shared
             out["tied_parameters"] = [t.to_dict() for t in self.tied_parameters]
+        if self.tensor_parallel is not None:  # optional: absent without sharded entries
+            out["tensor_parallel"] = self.tensor_parallel.to_dict()
         if self.meta:
             out["meta"] = self.meta
         return out
@@ -281,6 +312,8 @@ def _layer_dict(layer: Layer) -> dict[str, Any]:
         out["optimizer_ms"] = layer.optimizer_ms
     if layer.optimizer_workspace_bytes:  # optional, CUDA only
         out["optimizer_workspace_bytes"] = layer.optimizer_workspace_bytes
+    if layer.sharded:  # optional: absent without tensor-parallel entries
+        out["sharded"] = {key: shard.to_dict() for key, shard in layer.sharded.items()}
     return out
 
 
@@ -343,6 +376,7 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         precision=_precision(v, data.get("precision", "fp32")),
         meta=dict(data.get("meta") or {}),
         tied_parameters=_tied(v, data.get("tied_parameters"), len(layers), data.get("dtype")),
+        tensor_parallel=_tensor_parallel(v, data.get("tensor_parallel"), layers, measurements),
     )
 
 
@@ -355,6 +389,7 @@ def _layer(v: _Validator, item: Any, where: str) -> Layer:
         optimizer_state_bytes=v.count(item, "optimizer_state_bytes", where),
         optimizer_ms=v.number(item, "optimizer_ms", where, default=0.0),
         optimizer_workspace_bytes=v.count(item, "optimizer_workspace_bytes", where, default=0),
+        sharded=_sharded_params(v, item.get("sharded"), f"{where}.sharded"),
     )
 
 
@@ -435,17 +470,7 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
         v.known(t, TIMING_FIELDS, at)
         ms = {name: v.number(t, name, at) for name in _TIMING_FIELDS}
         sizes = {name: v.count(t, name, at) for name in _BYTE_FIELDS}
-        spread = t.get("spread") or {}
-        if not isinstance(spread, dict):
-            v.fail(f"{at}.spread", "expected an object")
-        for key, val in spread.items():
-            if key not in _TIMING_FIELDS or not isinstance(val, list) or len(val) > 2:
-                v.fail(
-                    f"{at}.spread.{key}",
-                    f"expected [p25, p75] of one of {', '.join(_TIMING_FIELDS)}, got {val!r}",
-                )
-            for x in val:
-                check_number(x, field=f"{at}.spread.{key}", high=MAX_TIME_MS, file=v.source)
+        spread = _spread(v, t, at)
         layers.append(
             LayerTiming(
                 forward_ms=ms["forward_ms"],
@@ -455,8 +480,9 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
                 output_bytes=sizes["output_bytes"],
                 saved_bytes=sizes["saved_bytes"],
                 workspace_bytes=v.count(t, "workspace_bytes", at, default=0),
-                spread={str(k): [float(x) for x in val] for k, val in spread.items()},
+                spread=spread,
                 **{name: _optional_count(v, t, name, at) for name in FLOP_FIELDS},
+                sharded=_sharded_timings(v, t.get("sharded"), f"{at}.sharded"),
             )
         )
     return Measurement(
@@ -466,6 +492,136 @@ def _measurement(v: _Validator, item: Any, where: str, n: int) -> Measurement:
         pass_forward_ms=_optional_ms(v, item, "pass_forward_ms", where),
         pass_backward_ms=_optional_ms(v, item, "pass_backward_ms", where),
     )
+
+
+def _spread(v: _Validator, t: Any, at: str) -> dict[str, list[float]]:
+    """A timing's ``spread``: ``{timing field: [p25, p75]}``."""
+    spread = t.get("spread") or {}
+    if not isinstance(spread, dict):
+        v.fail(f"{at}.spread", "expected an object")
+    for key, val in spread.items():
+        if key not in _TIMING_FIELDS or not isinstance(val, list) or len(val) > 2:
+            v.fail(
+                f"{at}.spread.{key}",
+                f"expected [p25, p75] of one of {', '.join(_TIMING_FIELDS)}, got {val!r}",
+            )
+        for x in val:
+            check_number(x, field=f"{at}.spread.{key}", high=MAX_TIME_MS, file=v.source)
+    return {str(k): [float(x) for x in val] for k, val in spread.items()}
+
+
+def _shard_keys(v: _Validator, raw: Any, where: str, *, params: bool) -> dict[str, Any]:
+    """A ``sharded`` object's items, each key a :func:`~planner.profile.sharding.shard_key`
+    (parameters: without ``-sp``)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        v.fail(where, "expected an object keyed by tensor-parallel setting ('tp2', 'tp2-sp')")
+    example = "'tp2'" if params else "'tp2' or 'tp2-sp'"
+    for key in raw:
+        parsed = parse_shard_key(str(key))
+        if parsed is None or parsed[0] > MAX_TENSOR_PARALLEL or (params and parsed[1]):
+            v.fail(
+                f"{where}.{key}",
+                f"expected a key like {example} (degrees 2 to {MAX_TENSOR_PARALLEL})",
+            )
+    return dict(raw)
+
+
+def _sharded_params(v: _Validator, raw: Any, where: str) -> dict[str, ShardParams]:
+    out = {}
+    for key, item in _shard_keys(v, raw, where, params=True).items():
+        at = f"{where}.{key}"
+        v.known(item, SHARD_PARAM_FIELDS, at)
+        out[key] = ShardParams(
+            param_count=v.count(item, "param_count", at),
+            param_bytes=v.count(item, "param_bytes", at),
+            optimizer_state_bytes=v.count(item, "optimizer_state_bytes", at),
+            optimizer_ms=v.number(item, "optimizer_ms", at, default=0.0),
+        )
+    return out
+
+
+def _sharded_timings(v: _Validator, raw: Any, where: str) -> dict[str, ShardTiming]:
+    out = {}
+    for key, item in _shard_keys(v, raw, where, params=False).items():
+        at = f"{where}.{key}"
+        v.known(item, SHARD_TIMING_FIELDS, at)
+        ms = {name: v.number(item, name, at) for name in _TIMING_FIELDS}
+        sizes = {name: v.count(item, name, at) for name in _BYTE_FIELDS}
+        out[key] = ShardTiming(
+            forward_ms=ms["forward_ms"],
+            backward_ms=ms["backward_ms"],
+            backward_input_ms=ms["backward_input_ms"],
+            backward_weight_ms=ms["backward_weight_ms"],
+            output_bytes=sizes["output_bytes"],
+            saved_bytes=sizes["saved_bytes"],
+            workspace_bytes=v.count(item, "workspace_bytes", at, default=0),
+            collectives=_collectives(v, item.get("collectives"), f"{at}.collectives"),
+            spread=_spread(v, item, at),
+        )
+    return out
+
+
+def _collectives(v: _Validator, raw: Any, where: str) -> tuple[Collective, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_COLLECTIVES:
+        v.fail(where, f"expected a list of at most {MAX_COLLECTIVES} {{op, bytes, phase}}")
+    out = []
+    for k, item in enumerate(raw):
+        at = f"{where}[{k}]"
+        v.known(item, COLLECTIVE_FIELDS, at)
+        op, phase = item.get("op"), item.get("phase")
+        if op not in COLLECTIVE_OPS:
+            v.fail(f"{at}.op", f"expected one of {', '.join(COLLECTIVE_OPS)}, got {op!r}")
+        if phase not in PHASES:
+            v.fail(f"{at}.phase", f"expected one of {', '.join(PHASES)}, got {phase!r}")
+        out.append(Collective(str(op), v.count(item, "bytes", at), str(phase)))
+    return tuple(out)
+
+
+def _tensor_parallel(
+    v: _Validator, raw: Any, layers: list[Layer], measurements: list[Measurement]
+) -> TensorParallelInfo | None:
+    """``tensor_parallel`` and the layers' ``sharded`` entries, checked together: every
+    layer has every degree's parameters and, at every microbatch size, every setting's
+    timing; without ``tensor_parallel`` no layer has any."""
+    timings = [t for m in measurements for t in m.layers]
+    if raw is None:
+        if any(layer.sharded for layer in layers) or any(t.sharded for t in timings):
+            v.fail("tensor_parallel", "missing; the layers hold 'sharded' entries")
+        return None
+    v.known(raw, TENSOR_PARALLEL_FIELDS, "tensor_parallel")
+    degrees = v.get(raw, "degrees", "tensor_parallel")
+    ok = isinstance(degrees, list) and 0 < len(degrees) <= 16
+    ok = ok and all(
+        isinstance(t, int) and not isinstance(t, bool) and 2 <= t <= MAX_TENSOR_PARALLEL
+        for t in degrees
+    )
+    if not ok or len(set(degrees)) != len(degrees):
+        v.fail(
+            "tensor_parallel.degrees",
+            f"expected distinct degrees from 2 to {MAX_TENSOR_PARALLEL}, got {degrees!r}",
+        )
+    sp = raw.get("sequence_parallel", False)
+    if not isinstance(sp, bool):
+        v.fail("tensor_parallel.sequence_parallel", f"expected true or false, got {sp!r}")
+    info = TensorParallelInfo(
+        tuple(sorted(degrees)), sp, v.name(raw, "plan_source", "tensor_parallel", default="")
+    )
+    want_params = {shard_key(t) for t in info.degrees}
+    for i, layer in enumerate(layers):
+        if set(layer.sharded) != want_params:
+            v.fail(f"layers[{i}].sharded", f"expected entries {sorted(want_params)}")
+    for k, m in enumerate(measurements):
+        for i, t in enumerate(m.layers):
+            if set(t.sharded) != set(info.keys()):
+                v.fail(
+                    f"measurements[{k}].layers[{i}].sharded",
+                    f"expected entries {info.keys()}",
+                )
+    return info
 
 
 def _optional_count(v: _Validator, item: Any, key: str, where: str) -> int | None:
