@@ -206,7 +206,7 @@ def test_ctrl_c_while_profiling_stops_the_measuring_child_and_writes_nothing(
     model = tmp_path / "wide.py"
     model.write_text(TINY.replace("16", "512"))
     out = tmp_path / "wide.json"
-    args = ["profile", str(model), "-b", "1,2,4,8", "--repeat", "100000", "-o", str(out), "-q"]
+    args = ["profile", str(model), "-b", "1,2,4,8", "--repeat", "10000", "-o", str(out), "-q"]
     started = start(args, tmp_path)
     try:
         started.wait_for(lambda: bool(started.processes()), "pipeplan")
