@@ -136,7 +136,7 @@ def checked_virtual_stages(
             f"expected a positive number of microbatches, got {m!r}", field="num_microbatches"
         )
     for stage in stages:
-        refuse_tensor_parallel(stage)
+        refuse_tensor_parallel(stage, command="simulate")
         if len(stage.devices) > m:
             raise InputError(
                 f"stage {stage.id} has {len(stage.devices)} replicas but there are only {m} "
