@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 from pathlib import Path
 
 import pytest
 from families import GENERATED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_dp import random_profile
 
 from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.errors import InputError
@@ -22,6 +24,7 @@ from planner.schedule import build_schedule, validate_schedule
 from planner.schedule.groups import unmirror
 from planner.simulate import simulate
 from planner.simulate.group_comm import group_transfer_ms
+from planner.solve.bounds import search_bound_ms
 from planner.stages import StageSpec, parse_stages, with_parallelism
 from planner.topology import load_topology, topology_from_dict, uniform_topology
 
@@ -454,3 +457,58 @@ def test_the_reference_run_times_compute_only_so_link_order_ignores_bandwidth() 
     assert refs[0] == refs[1]
     # Stage 0, two blocks of shards: forward 0.5, backward 1.0 each, all of it in I.
     assert refs[0][0][:4] == [1.0, 2.0, 2.0, 0.0]
+
+
+def _random_grouped_plan(rng: random.Random, n: int, names: list[str]) -> list[StageSpec]:
+    """A random partition of ``n`` layers into stages of groups of one degree, with random
+    replicas, recompute, sequence parallelism and sharding."""
+    t = rng.choice([2, 4])
+    s = rng.randint(1, min(n, len(names) // t))
+    cuts = sorted(rng.sample(range(n - 1), s - 1))
+    bounds = [-1, *cuts, n - 1]
+    pool = list(names)
+    rng.shuffle(pool)
+    sp = rng.random() < 0.5
+    out, pos = [], 0
+    for k in range(s):
+        left = (len(pool) - pos) // t - (s - k - 1)
+        r = rng.randint(1, max(1, min(2, left)))
+        devices = tuple(pool[pos : pos + r * t])
+        pos += r * t
+        sharding = rng.choice(["none", "zero1", "fsdp"]) if r > 1 else "none"
+        out.append(
+            StageSpec(
+                k,
+                (bounds[k] + 1, bounds[k + 1]),
+                devices,
+                rng.random() < 0.2,
+                tensor_parallel=t,
+                sequence_parallel=sp,
+                sharding=sharding,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("topo_name", ["hetero", "dgx1-v100", "two-node-ib", "nvlink-pairs"])
+def test_bounds_stay_below_the_simulated_time_with_groups(topo_name: str) -> None:
+    topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
+    rng = random.Random(topo_name)
+    checked = 0
+    for case in range(40):
+        profile = synthetic_tensor_parallel(
+            random_profile(rng.randint(2, 9), case, sizes=(1, 2)), (2, 4)
+        )
+        stages = _random_grouped_plan(rng, profile.num_layers, topo.device_names())
+        schedule = rng.choice([s for s in GENERATED if s != "interleaved"])
+        m, mb = rng.choice([4, 6, 8]), rng.choice([1, 2])
+        try:
+            res = simulate(profile, topo, stages, schedule, m, mb, events=False)
+        except InputError as exc:
+            assert "2bw" in str(exc) or "weight versions" in str(exc), exc
+            continue
+        bound = search_bound_ms(profile, topo, stages, schedule, m, mb)
+        assert res.lower_bound_ms <= res.iteration_ms + 1e-9
+        assert bound <= res.iteration_ms + 1e-9, (stages, schedule, m, mb)
+        checked += 1
+    assert checked >= 20
