@@ -494,17 +494,17 @@ def _check_shared_groups(stages: Sequence[StageSpec], fail: Any) -> None:
 
 
 def with_parallelism(
-    stages: Sequence[StageSpec], *, sequence_parallel: bool = False, sharding: str = "none"
+    stages: Sequence[StageSpec], *, sequence_parallel: bool = False, sharding: str | None = None
 ) -> list[StageSpec]:
     """``stages`` with sequence parallelism on every tensor-parallel stage and ``sharding``
-    on every replicated one (``simulate --sequence-parallel``, ``--sharding``); one line
-    when no stage can take what is asked.
+    on every replicated one (``simulate --sequence-parallel``, ``--sharding``; None keeps
+    each stage's own); one line when no stage can take what is asked.
 
     Example::
 
         with_parallelism(parse_stages("0-3:a+b,c+d"), sequence_parallel=True, sharding="zero1")
     """
-    if sharding not in SHARDINGS:
+    if sharding is not None and sharding not in SHARDINGS:
         raise InputError(
             f"expected one of {', '.join(SHARDINGS)}, got {_clip(sharding)}", field="--sharding"
         )
@@ -514,7 +514,7 @@ def with_parallelism(
             "'0-3:gpu0+gpu1'), so there is no sequence to split",
             field="--sequence-parallel",
         )
-    if sharding != "none" and not any(st.replicas > 1 for st in stages):
+    if sharding not in (None, "none") and not any(st.replicas > 1 for st in stages):
         raise InputError(
             f"no stage has data-parallel replicas (separate them with ',', e.g. "
             f"'0-3:gpu0,gpu1'), so {sharding} has nothing to shard across",
@@ -523,7 +523,7 @@ def with_parallelism(
     out = []
     for st in stages:
         sp = st.sequence_parallel or (sequence_parallel and st.tensor_parallel > 1)
-        shard = sharding if sharding != "none" and st.replicas > 1 else st.sharding
+        shard = sharding if sharding is not None and st.replicas > 1 else st.sharding
         out.append(replace(st, sequence_parallel=sp, sharding=shard))
     return out
 

@@ -149,6 +149,9 @@ def test_the_flags_apply_to_every_stage_that_can_take_them() -> None:
     assert info.value.field == "--sharding"
     with pytest.raises(InputError, match="expected one of none, zero1, fsdp"):
         with_parallelism(mixed, sharding="zero2")
+    zero = with_parallelism(mixed, sharding="zero1")
+    assert [s.sharding for s in with_parallelism(zero, sharding="none")] == ["none", "none"]
+    assert with_parallelism(zero) == zero
 
 
 def test_run_and_export_refuse_what_they_cannot_run_yet() -> None:

@@ -254,9 +254,7 @@ def _resolve(
         raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
     sequence_parallel, sharding = parallelism
     if sequence_parallel or sharding is not None:
-        specs = with_parallelism(
-            specs, sequence_parallel=sequence_parallel, sharding=sharding or "none"
-        )
+        specs = with_parallelism(specs, sequence_parallel=sequence_parallel, sharding=sharding)
     if profile is not None:
         prof = load_profile(profile)
     elif got is not None and got.profile is not None:
