@@ -512,3 +512,12 @@ def test_bounds_stay_below_the_simulated_time_with_groups(topo_name: str) -> Non
         assert bound <= res.iteration_ms + 1e-9, (stages, schedule, m, mb)
         checked += 1
     assert checked >= 20
+
+
+def test_a_profile_changed_in_place_is_read_as_it_is_now() -> None:
+    prof = _profile()
+    first = simulate(prof, None, "0-3:a+b", "1f1b", 2).iteration_ms
+    for m in prof.measurements:
+        for t in m.layers:
+            t.sharded["tp2"] = dataclasses.replace(t.sharded["tp2"], forward_ms=2.0)
+    assert simulate(prof, None, "0-3:a+b", "1f1b", 2).iteration_ms == first + 2 * 4 * 1.5

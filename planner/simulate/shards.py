@@ -45,6 +45,7 @@ from planner.stages import StageSpec
 
 __all__ = [
     "check_parallel_stages",
+    "forget_views",
     "gathered_bytes",
     "member_memory_bytes",
     "member_static_bytes",
@@ -53,14 +54,27 @@ __all__ = [
 ]
 
 # Views of the last few profiles (keyed by identity and shard key; each entry holds its
-# profile, so an id is not reused while cached).
+# profile, so an id is not reused while cached). simulate() forgets them when it starts,
+# so a profile changed in place between two calls is read as it is.
 _VIEWS: OrderedDict[tuple[int, str], tuple[Profile, Profile]] = OrderedDict()
 _VIEW_CACHE_SIZE = 8
 
 
+def forget_views() -> None:
+    """Drop the cached shard views (:func:`planner.simulate.simulate` does when it starts:
+    within one call the profile does not change, between two it may).
+
+    Example::
+
+        forget_views()
+    """
+    _VIEWS.clear()
+
+
 def shard_view(profile: Profile, stage: StageSpec) -> Profile:
     """The profile as one member of ``stage``'s tensor-parallel group sees it (the profile
-    itself for a stage without tensor parallelism).
+    itself for a stage without tensor parallelism). Cached by the profile's identity until
+    the next :func:`planner.simulate.simulate` call starts (:func:`forget_views`).
 
     Example::
 
