@@ -29,11 +29,20 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.errors import InputError
 from planner.optimizers import STATE_FACTORS
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.sharding import (
+    Collective,
+    ShardParams,
+    ShardTiming,
+    TensorParallelInfo,
+    shard_key,
+)
 from planner.profile.tied import TiedParameter
 
 __all__ = [
@@ -51,6 +60,7 @@ __all__ = [
     "stage_times",
     "stage_workspace_bytes",
     "synthetic_profile",
+    "synthetic_tensor_parallel",
 ]
 
 
@@ -390,4 +400,93 @@ def synthetic_profile(
         layers,
         [Measurement(microbatch_size, input_bytes, timings)],
         meta={"origin": "synthetic"},
+    )
+
+
+def synthetic_tensor_parallel(
+    profile: Profile,
+    degrees: Sequence[int] = (2, 4),
+    *,
+    sequence_parallel: bool = True,
+    collective_bytes: int | None = None,
+    replicated: Sequence[int] = (),
+) -> Profile:
+    """``profile`` with Megatron-style tensor-parallel entries, exact numbers for tests and
+    benchmarks (the format of :mod:`planner.profile.sharding`).
+
+    Per degree ``t`` every layer is a transformer block split as Megatron-LM splits it:
+    one rank's times, parameters, optimizer state and step, and saved activations are the
+    layer's ``/ t``; per pass (forward, and the backward's input half) it issues two
+    all-reduces of ``collective_bytes`` (default: the layer's output bytes, ``b * s * h``);
+    with sequence parallelism (``tp{t}-sp``) two all-gather + reduce-scatter pairs of the
+    same tensors instead, and it sends ``1 / t`` of its output at a cut. Layers in
+    ``replicated`` are left whole by the plan: full parameters and times without a
+    collective (with sequence parallelism on ``1 / t`` of the sequence: times and
+    activations ``/ t``).
+
+    Example::
+
+        profile = synthetic_tensor_parallel(synthetic_profile(4, output_bytes=4096), (2,))
+        profile.measurements[0].layers[0].sharded["tp2"].collective_bytes("forward")  # 8192
+    """
+    degrees = tuple(sorted(set(degrees)))
+    keep = set(replicated)
+    layers = [
+        dataclasses.replace(
+            layer, sharded={shard_key(t): _shard_params(layer, t, i in keep) for t in degrees}
+        )
+        for i, layer in enumerate(profile.layers)
+    ]
+    measurements = []
+    for m in profile.measurements:
+        timings = []
+        for i, timing in enumerate(m.layers):
+            entries = {}
+            for t in degrees:
+                for sp in (False, True) if sequence_parallel else (False,):
+                    entries[shard_key(t, sequence_parallel=sp)] = _shard_timing(
+                        timing, t, sp, i in keep, collective_bytes
+                    )
+            timings.append(dataclasses.replace(timing, sharded=entries))
+        measurements.append(dataclasses.replace(m, layers=timings))
+    return dataclasses.replace(
+        profile,
+        layers=layers,
+        measurements=measurements,
+        tensor_parallel=TensorParallelInfo(degrees, sequence_parallel, "synthetic"),
+    )
+
+
+def _shard_params(layer: Layer, t: int, whole: bool) -> ShardParams:
+    """One rank's parameters: the layer's ``/ t`` (whole where the plan leaves it)."""
+    d = 1 if whole else t
+    return ShardParams(
+        layer.param_count // d,
+        layer.param_bytes // d,
+        layer.optimizer_state_bytes // d,
+        layer.optimizer_ms / d,
+    )
+
+
+def _shard_timing(
+    timing: LayerTiming, t: int, sp: bool, whole: bool, collective_bytes: int | None
+) -> ShardTiming:
+    """One rank's timing (see :func:`synthetic_tensor_parallel`)."""
+    d = t if (sp or not whole) else 1
+    nbytes = timing.output_bytes if collective_bytes is None else collective_bytes
+    ops = ("all_gather", "reduce_scatter") * 2 if sp else ("all_reduce",) * 2
+    collectives = (
+        ()
+        if whole
+        else tuple(Collective(op, nbytes, phase) for phase in ("forward", "backward") for op in ops)
+    )
+    return ShardTiming(
+        timing.forward_ms / d,
+        timing.backward_ms / d,
+        timing.backward_input_ms / d,
+        timing.backward_weight_ms / d,
+        output_bytes=timing.output_bytes // t if sp else timing.output_bytes,
+        saved_bytes=timing.saved_bytes // d,
+        workspace_bytes=timing.workspace_bytes // d,
+        collectives=collectives,
     )

@@ -95,6 +95,23 @@ def _by_device(result: SimResult) -> dict[str, list[SimEvent]]:
     return rows
 
 
+def _all_devices(result: SimResult) -> list[str]:
+    """Every device of the result, each tensor-parallel group's members after its leader."""
+    return [m for d in result.device_names for m in result.groups.get(d, (d,))]
+
+
+def _stage_cells(st: StageSpec) -> tuple[str, str]:
+    """A stage's devices (replicas by ',', a tensor-parallel group's devices by '+') and its
+    parallelism beyond that (``TP2, SP, zero1``; empty for a plain stage)."""
+    devices = ", ".join("+".join(g) for g in st.replica_groups)
+    extra = [f"TP{st.tensor_parallel}"] if st.tensor_parallel > 1 else []
+    if st.sequence_parallel:
+        extra.append("SP")
+    if st.sharding != "none":
+        extra.append(st.sharding)
+    return devices, ", ".join(extra)
+
+
 def _fmt_ms(ms: float) -> str:
     return f"{ms:.3f}" if ms < 100 else f"{ms:.1f}"
 
@@ -121,22 +138,22 @@ def print_report(
 
     if stages:
         table = Table(title=title or f"Schedule {result.schedule.name}")
-        for col in ("stage", "layers", "devices", "recompute"):
+        parallel = not all(st.is_plain for st in stages)
+        headers = ("stage", "layers", "devices", "recompute")
+        for col in headers + (("parallelism",) if parallel else ()):
             table.add_column(col)
         for st in stages:
             a, b = st.layers
-            table.add_row(
-                str(st.id),
-                f"{a}-{b}" if a != b else str(a),
-                ", ".join(st.devices),
-                "yes" if st.recompute else "",
-            )
+            devices, extra = _stage_cells(st)
+            row = [str(st.id), f"{a}-{b}" if a != b else str(a), devices]
+            row.append("yes" if st.recompute else "")
+            table.add_row(*row, *((extra,) if parallel else ()))
         console.print(table)
     dev = Table(title="Devices")
     for col in ("device", "busy ms", "idle ms", "busy", "peak memory", "limit", "use"):
         dev.add_column(col, justify="left" if col == "device" else "right")
     it = result.iteration_ms
-    for d in result.device_names:
+    for d in _all_devices(result):
         busy = result.busy_ms.get(d, 0.0)
         peak = result.memory_bytes.get(d, 0)
         limit = result.memory_limit_bytes.get(d)
@@ -172,19 +189,21 @@ def print_report(
     if not result.fits:
         over = [
             d
-            for d in result.device_names
+            for d in _all_devices(result)
             if d in result.memory_limit_bytes
             and result.memory_bytes[d] > result.memory_limit_bytes[d]
         ]
         console.print(f"Does not fit in memory on: {', '.join(over)}", style="red")
     if gantt and result.events:
-        label_w = max(max((len(d) for d in result.device_names), default=4), 4) + 1
+        label_w = max(max((len(result.label(d)) for d in result.device_names), default=4), 4) + 1
         cols = width if width is not None else max(30, console.width - label_w - 12)
         console.print(gantt_text(result, width=cols))
 
 
 def gantt_text(result: SimResult, *, width: int = 100) -> Text:
-    """A terminal Gantt chart: one row per device plus a memory sparkline under it.
+    """A terminal Gantt chart: one row per device (a tensor-parallel group's one row,
+    labelled ``gpu0+gpu1``: its members run the same actions) plus a memory sparkline
+    under it.
 
     Letters are the action (F, B, I, W, A = all-reduce, S = step), colour is the
     microbatch; backwards are drawn reversed (coloured background), W dim, idle ``·``.
@@ -200,7 +219,7 @@ def gantt_text(result: SimResult, *, width: int = 100) -> Text:
     span = max(result.makespan_ms, result.iteration_ms, 1e-12)
     dt = span / width
     rows = _by_device(result)
-    labels = {d: printable(d) for d in rows}  # names as text, never as terminal codes
+    labels = {d: printable(result.label(d)) for d in rows}  # text, never terminal codes
     label_w = max(max((len(d) for d in labels.values()), default=4), 4) + 1
     out = Text()
     out.append(f"{'time':<{label_w}}0 ms", style="bold")
@@ -310,7 +329,7 @@ def render_svg(result: SimResult, *, title: str | None = None, width: int = 1200
     for dev, evs in rows.items():
         parts.append(
             f'<text x="{left - 8}" y="{y + row_h * 0.68:.1f}" font-size="12" '
-            f'text-anchor="end" font-weight="bold">{escape(dev)}</text>'
+            f'text-anchor="end" font-weight="bold">{escape(result.label(dev))}</text>'
             f'<rect x="{left}" y="{y}" width="{plot_w}" height="{row_h}" fill="url(#idle)">'
             "<title>idle</title></rect>"
         )
@@ -323,7 +342,7 @@ def render_svg(result: SimResult, *, title: str | None = None, width: int = 1200
                 if ev.microbatch < 0
                 else f"{ev.kind}{ev.stage}.{ev.microbatch}"
             )
-            tip = f"{label} on {dev}: {ev.start_ms:.3f} - {ev.end_ms:.3f} ms"
+            tip = f"{label} on {result.label(dev)}: {ev.start_ms:.3f} - {ev.end_ms:.3f} ms"
             parts.append(
                 f'<rect x="{x0:.2f}" y="{y}" width="{w:.2f}" height="{row_h}" fill="{fill}" '
                 f'stroke="white" stroke-width="0.5"><title>{escape(tip)}</title></rect>'
@@ -463,7 +482,7 @@ def render_html(
     """
     heading = title or f"pipeplan: {result.schedule.name}"
     rows = []
-    for d in result.device_names:
+    for d in _all_devices(result):
         busy = result.busy_ms.get(d, 0.0)
         limit = result.memory_limit_bytes.get(d)
         rows.append(
@@ -472,14 +491,17 @@ def render_html(
             f"<td>{escape(format_bytes(result.memory_bytes.get(d, 0)))}</td>"
             f"<td>{escape(format_bytes(limit)) if limit else '-'}</td></tr>"
         )
+    parallel = not all(s.is_plain for s in stages or [])
     stage_rows = "".join(
         f"<tr><td>{s.id}</td><td>{s.layers[0]}-{s.layers[1]}</td>"
-        f"<td>{escape(', '.join(s.devices))}</td><td>{'yes' if s.recompute else ''}</td></tr>"
+        f"<td>{escape(_stage_cells(s)[0])}</td><td>{'yes' if s.recompute else ''}</td>"
+        + (f"<td>{escape(_stage_cells(s)[1])}</td>" if parallel else "")
+        + "</tr>"
         for s in stages or []
     )
     stage_table = (
         "<h2>Stages</h2><table><tr><th>stage</th><th>layers</th><th>devices</th>"
-        f"<th>recompute</th></tr>{stage_rows}</table>"
+        f"<th>recompute</th>{'<th>parallelism</th>' if parallel else ''}</tr>{stage_rows}</table>"
         if stages
         else ""
     )
@@ -518,8 +540,9 @@ lower bound {result.lower_bound_ms:.3f} ms; {result.num_microbatches} microbatch
 
 
 def render_trace(result: SimResult) -> dict[str, Any]:
-    """Chrome/Perfetto trace JSON: a thread per device, one per link direction, and a
-    memory counter per device. Times are microseconds.
+    """Chrome/Perfetto trace JSON: a thread per device (every member of a tensor-parallel
+    group, each with its leader's events), one per link direction (between groups: named
+    by the groups), and a memory counter per device. Times are microseconds.
 
     Example::
 
@@ -529,23 +552,24 @@ def render_trace(result: SimResult) -> dict[str, Any]:
         {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "devices"}},
         {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "transfers"}},
     ]
-    tids = {d: i for i, d in enumerate(result.device_names)}
+    tids = {d: i for i, d in enumerate(_all_devices(result))}
     for d, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": d}})
     for ev in result.events:
         name = f"{ev.kind}{ev.stage}" + (f".{ev.microbatch}" if ev.microbatch >= 0 else "")
-        events.append(
-            {
-                "name": name,
-                "cat": ev.kind,
-                "ph": "X",
-                "pid": 1,
-                "tid": tids[ev.device],
-                "ts": round(ev.start_ms * 1e3, 3),
-                "dur": round((ev.end_ms - ev.start_ms) * 1e3, 3),
-                "args": {"stage": ev.stage, "microbatch": ev.microbatch},
-            }
-        )
+        for member in result.groups.get(ev.device, (ev.device,)):
+            events.append(
+                {
+                    "name": name,
+                    "cat": ev.kind,
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": tids[member],
+                    "ts": round(ev.start_ms * 1e3, 3),
+                    "dur": round((ev.end_ms - ev.start_ms) * 1e3, 3),
+                    "args": {"stage": ev.stage, "microbatch": ev.microbatch},
+                }
+            )
     links: dict[tuple[str, str], int] = {}
     for tr in result.transfers:
         pair = (tr.src, tr.dst)
@@ -557,7 +581,7 @@ def render_trace(result: SimResult) -> dict[str, Any]:
                     "ph": "M",
                     "pid": 2,
                     "tid": links[pair],
-                    "args": {"name": f"{tr.src} -> {tr.dst}"},
+                    "args": {"name": f"{result.label(tr.src)} -> {result.label(tr.dst)}"},
                 }
             )
         events.append(

@@ -2,13 +2,18 @@
 
 A :class:`StageSpec` is an inclusive layer range on one or more devices: its devices are
 data-parallel replicas, each replica a tensor-parallel group of ``tensor_parallel`` devices
-(one today: tensor parallelism is parsed and written, but :func:`validate_stages` refuses
-it until the simulator and the runtime can run it). Partitions come as text
+(the group's first device, its *leader*, stands for it in schedules: the other members run
+the leader's actions, each with its own peer). A stage may also run sequence parallelism
+(``sequence_parallel``, with groups of two or more) and shard its data parallelism
+(``sharding``: ``"zero1"`` the optimizer state, ``"fsdp"`` parameters, gradients and
+optimizer state, with two or more replicas). Partitions come as text
 (``"0-3:gpu0,gpu1;4-7:gpu2"``; ``+`` joins one replica's group: ``"0-3:gpu0+gpu1"``), as
 decoded JSON/YAML lists, or as objects; :func:`validate_stages` is the single check that a
-partition covers the model's layers exactly once on known, distinct devices. Schedules,
-the simulator, the solver, the peers, the runtime and plans all speak this type; it is
-frozen and hashable (the search keys its caches by it).
+partition covers the model's layers exactly once on known, distinct devices, in groups
+that line up from stage to stage. Schedules, the simulator, the solver, the peers, the
+runtime and plans all speak this type; it is frozen and hashable (the search keys its
+caches by it). The runtime and export do not run tensor parallelism or sharding yet
+(:func:`refuse_tensor_parallel`).
 
 Example::
 
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
     from planner.topology import Topology
 
 __all__ = [
+    "SHARDINGS",
     "STAGE_FIELDS",
     "StageSpec",
     "as_stages",
@@ -36,11 +42,19 @@ __all__ = [
     "refuse_tensor_parallel",
     "stages_from_data",
     "validate_stages",
+    "with_parallelism",
 ]
 
 # The fields of a stage object (StageSpec.to_dict); any other is refused: a field this
 # version does not know could change what runs.
-STAGE_FIELDS = frozenset({"id", "layers", "devices", "recompute", "tensor_parallel"})
+STAGE_FIELDS = frozenset(
+    {"id", "layers", "devices", "recompute", "tensor_parallel", "sequence_parallel", "sharding"}
+)
+
+SHARDINGS = ("none", "zero1", "fsdp")
+"""Data-parallel sharding of a stage's replicas: none (each holds everything), ``zero1``
+(optimizer state sharded: ZeRO stage 1) or ``fsdp`` (parameters, gradients and optimizer
+state sharded: torch's ``fully_shard``)."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +63,10 @@ class StageSpec:
 
     ``devices`` are the stage's data-parallel replicas, replica-major: replica ``j`` is the
     tensor-parallel group ``devices[j * tensor_parallel : (j + 1) * tensor_parallel]``
-    (:attr:`replica_groups`). Microbatch ``k`` of the stage runs on replica
-    ``k % replicas`` (PipeDream-style round robin). ``devices`` and ``layers`` given as
-    lists are kept as tuples.
+    (:attr:`replica_groups`), led by its first device (:attr:`leaders`). Microbatch ``k``
+    of the stage runs on replica ``k % replicas`` (PipeDream-style round robin).
+    ``sequence_parallel`` and ``sharding`` as the module says; :func:`validate_stages`
+    checks them. ``devices`` and ``layers`` given as lists are kept as tuples.
 
     Example::
 
@@ -65,6 +80,8 @@ class StageSpec:
     devices: tuple[str, ...]
     recompute: bool = False
     tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    sharding: str = "none"
 
     def __post_init__(self) -> None:
         if not isinstance(self.devices, tuple):
@@ -92,17 +109,39 @@ class StageSpec:
         tp = self.tensor_parallel
         return tuple(self.devices[j * tp : (j + 1) * tp] for j in range(self.replicas))
 
+    @property
+    def leaders(self) -> tuple[str, ...]:
+        """Each replica's first device, which stands for its group in schedules (the
+        devices themselves without tensor parallelism)."""
+        tp = self.tensor_parallel
+        return self.devices if tp == 1 else self.devices[::tp]
+
+    @property
+    def is_plain(self) -> bool:
+        """Neither tensor parallel nor sharded: every device holds and runs the whole stage."""
+        return self.tensor_parallel == 1 and self.sharding == "none"
+
     def replica(self, microbatch: int) -> str:
-        """The device that runs ``microbatch`` of this stage (one device per replica)."""
-        return self.devices[microbatch % len(self.devices)]
+        """The device that runs ``microbatch`` of this stage: its replica's leader (the
+        replica's one device without tensor parallelism).
+
+        Example::
+
+            parse_stages("0:a+b,c+d")[0].replica(1)   # 'c'
+        """
+        tp = self.tensor_parallel
+        if tp == 1:
+            return self.devices[microbatch % len(self.devices)]
+        return self.devices[(microbatch % (len(self.devices) // tp)) * tp]
 
     def with_recompute(self, recompute: bool) -> StageSpec:
         """This stage with ``recompute`` set (itself where it already is)."""
         return self if self.recompute == recompute else replace(self, recompute=recompute)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan JSON's stage object; ``tensor_parallel`` only where it is not 1, so
-        plans without it read and write back byte for byte."""
+        """The plan JSON's stage object; ``tensor_parallel``, ``sequence_parallel`` and
+        ``sharding`` only where they are not the defaults (1, false, "none"), so plans
+        without them read and write back byte for byte."""
         out: dict[str, Any] = {
             "id": self.id,
             "layers": [self.layers[0], self.layers[1]],
@@ -111,7 +150,24 @@ class StageSpec:
         }
         if self.tensor_parallel != 1:
             out["tensor_parallel"] = self.tensor_parallel
+        if self.sequence_parallel:
+            out["sequence_parallel"] = True
+        if self.sharding != "none":
+            out["sharding"] = self.sharding
         return out
+
+    def describe(self) -> str:
+        """The stage's devices as the text form writes them, with its options.
+
+        Example::
+
+            parse_stages("0-3:a+b,c+d")[0].describe()   # 'a+b,c+d'
+        """
+        text = ",".join("+".join(g) for g in self.replica_groups)
+        extra = ["sequence parallel"] if self.sequence_parallel else []
+        if self.sharding != "none":
+            extra.append(self.sharding)
+        return f"{text} ({', '.join(extra)})" if extra else text
 
 
 def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
@@ -184,16 +240,57 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
                 file=source,
                 field=f"{where}.tensor_parallel",
             )
-        stages.append(
-            StageSpec(
-                id=i,
-                layers=(layers[0], layers[1]),  # type: ignore[index]
-                devices=tuple(devices),
-                recompute=recompute,
-                tensor_parallel=tp,
+        sp = item.get("sequence_parallel", False)
+        if not isinstance(sp, bool):
+            raise InputError(
+                f"expected true or false (a JSON/YAML boolean), got {_clip(sp)}",
+                file=source,
+                field=f"{where}.sequence_parallel",
             )
+        sharding = item.get("sharding", "none")
+        if sharding not in SHARDINGS:
+            raise InputError(
+                f"expected one of {', '.join(SHARDINGS)}, got {_clip(sharding)}",
+                file=source,
+                field=f"{where}.sharding",
+            )
+        stage = StageSpec(
+            id=i,
+            layers=(layers[0], layers[1]),  # type: ignore[index]
+            devices=tuple(devices),
+            recompute=recompute,
+            tensor_parallel=tp,
+            sequence_parallel=sp,
+            sharding=sharding,
         )
+        _check_options(stage, source, where)
+        stages.append(stage)
     return stages
+
+
+def _check_options(stage: StageSpec, source: str | None, where: str) -> None:
+    """Sequence parallelism only in groups of two or more; sharding only over two or more
+    replicas (one line naming the field)."""
+    if stage.sequence_parallel and stage.tensor_parallel == 1:
+        raise InputError(
+            "sequence parallelism splits the sequence across a tensor-parallel group; "
+            "expected tensor_parallel of 2 or more (devices joined by '+')",
+            file=source,
+            field=f"{where}.sequence_parallel",
+        )
+    if stage.sharding not in SHARDINGS:
+        raise InputError(
+            f"expected one of {', '.join(SHARDINGS)}, got {_clip(stage.sharding)}",
+            file=source,
+            field=f"{where}.sharding",
+        )
+    if stage.sharding != "none" and stage.replicas < 2:
+        raise InputError(
+            f"{stage.sharding} shards across data-parallel replicas; stage {stage.id} has "
+            "one (give two or more replicas, separated by ',')",
+            file=source,
+            field=f"{where}.sharding",
+        )
 
 
 def _check_devices(devices: list[str], source: str | None, where: str) -> None:
@@ -288,12 +385,16 @@ def validate_stages(
     source: str | None = None,
     allow_shared_devices: bool = False,
 ) -> None:
-    """Reject partitions with gaps, overlaps, unknown or repeated devices.
+    """Reject partitions with gaps, overlaps, unknown or repeated devices, or groups that
+    do not line up.
 
     Stages must cover layers ``0..num_layers-1`` in order, each exactly once. With a
     topology every device must be one of its devices. A device may appear in several
     stages only with ``allow_shared_devices`` (interleaved schedules place ``v`` stages on
-    each device).
+    each device), and then in the same tensor-parallel group in each. Neighbouring stages
+    have the same tensor-parallel degree and sequence parallelism (member ``i`` of a group
+    sends to member ``i`` of the next stage's group); sequence parallelism needs groups,
+    sharding replicas.
 
     Example::
 
@@ -326,7 +427,20 @@ def validate_stages(
             fail(f"{where}.devices", "expected at least one device")
         if len(set(stage.devices)) != len(stage.devices):
             fail(f"{where}.devices", f"a device is listed twice: {list(stage.devices)}")
-        refuse_tensor_parallel(stage, source=source, where=where)
+        _check_options(stage, source, where)
+        if i and (stage.tensor_parallel, stage.sequence_parallel) != (
+            stages[i - 1].tensor_parallel,
+            stages[i - 1].sequence_parallel,
+        ):
+            fail(
+                f"{where}.tensor_parallel",
+                f"stage {i} has tensor_parallel {stage.tensor_parallel}"
+                f"{' with sequence parallelism' if stage.sequence_parallel else ''} next to "
+                f"stage {i - 1}'s {stages[i - 1].tensor_parallel}"
+                f"{' with sequence parallelism' if stages[i - 1].sequence_parallel else ''}; "
+                "neighbouring stages need the same (member i of a group sends to member i "
+                "of the next)",
+            )
     if expected < num_layers:
         fail(
             "stages",
@@ -358,27 +472,89 @@ def validate_stages(
                         "schedule places several stages on one device",
                     )
                 owner[dev] = i
+    elif any(st.tensor_parallel > 1 for st in stages):
+        _check_shared_groups(stages, fail)
 
 
-def refuse_tensor_parallel(
-    stage: StageSpec, *, source: str | None = None, where: str | None = None
-) -> None:
-    """Refuse a stage whose replicas are tensor-parallel groups of several devices: nothing
-    simulates or runs them yet (the next issue's dimension). One line naming the stage.
+def _check_shared_groups(stages: Sequence[StageSpec], fail: Any) -> None:
+    """A device that holds several stages (interleaved) is in the same tensor-parallel
+    group, at the same place, in each."""
+    group_of: dict[str, tuple[tuple[str, ...], int]] = {}
+    for i, stage in enumerate(stages):
+        for group in stage.replica_groups:
+            for dev in group:
+                known = group_of.setdefault(dev, (group, i))
+                if known[0] != group:
+                    fail(
+                        f"stages[{i}].devices",
+                        f"device {dev!r} is in group {'+'.join(group)} here and in "
+                        f"{'+'.join(known[0])} in stage {known[1]}; a device keeps its "
+                        "tensor-parallel group (in the same order) in every stage it holds",
+                    )
+
+
+def with_parallelism(
+    stages: Sequence[StageSpec], *, sequence_parallel: bool = False, sharding: str | None = None
+) -> list[StageSpec]:
+    """``stages`` with sequence parallelism on every tensor-parallel stage and ``sharding``
+    on every replicated one (``simulate --sequence-parallel``, ``--sharding``; None keeps
+    each stage's own); one line when no stage can take what is asked.
 
     Example::
 
-        refuse_tensor_parallel(parse_stages("0-3:gpu0+gpu1")[0])   # InputError
+        with_parallelism(parse_stages("0-3:a+b,c+d"), sequence_parallel=True, sharding="zero1")
     """
-    if stage.tensor_parallel == 1:
-        return
-    groups = ",".join("+".join(g) for g in stage.replica_groups)
-    raise InputError(
-        f"tensor parallelism is not supported yet (stage {stage.id} runs on groups {groups}); "
-        "give one device per replica, e.g. 'gpu0,gpu1'",
-        file=source,
-        field=f"{where or f'stages[{stage.id}]'}.tensor_parallel",
-    )
+    if sharding is not None and sharding not in SHARDINGS:
+        raise InputError(
+            f"expected one of {', '.join(SHARDINGS)}, got {_clip(sharding)}", field="--sharding"
+        )
+    if sequence_parallel and not any(st.tensor_parallel > 1 for st in stages):
+        raise InputError(
+            "no stage is tensor parallel (join a replica's devices with '+', e.g. "
+            "'0-3:gpu0+gpu1'), so there is no sequence to split",
+            field="--sequence-parallel",
+        )
+    if sharding not in (None, "none") and not any(st.replicas > 1 for st in stages):
+        raise InputError(
+            f"no stage has data-parallel replicas (separate them with ',', e.g. "
+            f"'0-3:gpu0,gpu1'), so {sharding} has nothing to shard across",
+            field="--sharding",
+        )
+    out = []
+    for st in stages:
+        sp = st.sequence_parallel or (sequence_parallel and st.tensor_parallel > 1)
+        shard = sharding if sharding is not None and st.replicas > 1 else st.sharding
+        out.append(replace(st, sequence_parallel=sp, sharding=shard))
+    return out
+
+
+def refuse_tensor_parallel(
+    stage: StageSpec, *, command: str, source: str | None = None, where: str | None = None
+) -> None:
+    """Refuse a stage that is tensor parallel or sharded where ``command`` cannot run it
+    yet (``run``, ``export``: later slices of issue 22; ``simulate`` and ``show`` can). One
+    line naming the stage.
+
+    Example::
+
+        refuse_tensor_parallel(parse_stages("0-3:gpu0+gpu1")[0], command="run")  # InputError
+    """
+    at = where or f"stages[{stage.id}]"
+    if stage.tensor_parallel > 1:
+        raise InputError(
+            f"{command} does not run tensor parallelism yet (stage {stage.id} runs on groups "
+            f"{stage.describe()}); simulate and show do. Give one device per replica, e.g. "
+            "'gpu0,gpu1'",
+            file=source,
+            field=f"{at}.tensor_parallel",
+        )
+    if stage.sharding != "none":
+        raise InputError(
+            f"{command} does not run sharded data parallelism ({stage.sharding}) yet (stage "
+            f"{stage.id}); simulate and show do. Leave sharding out for {command}",
+            file=source,
+            field=f"{at}.sharding",
+        )
 
 
 def as_stages(stages: Any) -> list[StageSpec]:

@@ -4,7 +4,6 @@ written, refused by everything that cannot simulate or run them yet)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,7 @@ import pytest
 from planner.cli import main
 from planner.cost import synthetic_profile
 from planner.errors import InputError
-from planner.plan import FileRef, Plan, plan_from_simulation
-from planner.schedule import build_schedule
+from planner.plan import FileRef, plan_from_simulation
 from planner.shape import PlanShape
 from planner.simulate import simulate, simulate_shape
 from planner.stages import (
@@ -23,6 +21,7 @@ from planner.stages import (
     refuse_tensor_parallel,
     stages_from_data,
     validate_stages,
+    with_parallelism,
 )
 
 TP_TEXT = "0-1:gpu0+gpu1,gpu2+gpu3;2-3:gpu4+gpu5"
@@ -78,43 +77,96 @@ def test_tensor_parallel_is_written_only_where_it_is_not_one() -> None:
         assert info.value.field == "stages[0].tensor_parallel" and info.value.file == "s.json"
 
 
-def test_tensor_parallelism_is_refused_with_one_line_everywhere(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_sequence_parallel_and_sharding_are_written_only_where_they_are_set() -> None:
+    stages = with_parallelism(parse_stages(TP_TEXT), sequence_parallel=True, sharding="zero1")
+    first, second = (s.to_dict() for s in stages)
+    assert first["sequence_parallel"] is True and first["sharding"] == "zero1"
+    assert second["sequence_parallel"] is True and "sharding" not in second  # one replica
+    assert stages_from_data([first, second]) == stages
+    assert list(parse_stages("0:a,b")[0].to_dict()) == ["id", "layers", "devices", "recompute"]
+    assert stages[0].describe() == "gpu0+gpu1,gpu2+gpu3 (sequence parallel, zero1)"
+    for key, bad in (("sequence_parallel", "yes"), ("sharding", "zero3"), ("sharding", 1)):
+        with pytest.raises(InputError) as info:
+            stages_from_data([{**first, key: bad}], source="s.json")
+        assert info.value.field == f"stages[0].{key}" and info.value.file == "s.json"
+
+
+@pytest.mark.parametrize(
+    ("stage", "field", "message"),
+    [
+        ({"sequence_parallel": True}, "sequence_parallel", "tensor_parallel of 2 or more"),
+        ({"devices": ["a"], "sharding": "fsdp"}, "sharding", "has one"),
+        (
+            {"devices": ["a", "b"], "tensor_parallel": 2, "sharding": "zero1"},
+            "sharding",
+            "has one",
+        ),
+    ],
+)
+def test_options_a_stage_cannot_take_are_refused(
+    stage: dict[str, object], field: str, message: str
 ) -> None:
-    stages = parse_stages(TP_TEXT)
-    with pytest.raises(InputError, match="tensor parallelism is not supported yet") as info:
-        validate_stages(stages, 4, None)
-    assert info.value.field == "stages[0].tensor_parallel"
+    item = {"layers": [0, 1], "devices": ["a", "b"], **stage}
+    with pytest.raises(InputError, match=message) as info:
+        stages_from_data([item], source="s.json")
+    assert info.value.field == f"stages[0].{field}"
+    built = StageSpec(
+        0,
+        (0, 1),
+        tuple(item["devices"]),
+        **{  # type: ignore[arg-type]
+            k: v for k, v in stage.items() if k != "devices"
+        },
+    )
+    with pytest.raises(InputError, match=message):
+        validate_stages([built], 2, None)
+
+
+def test_groups_line_up_from_stage_to_stage() -> None:
+    validate_stages(parse_stages(TP_TEXT), 4, None)  # simulated now: no refusal here
+    with pytest.raises(InputError, match="neighbouring stages need the same") as info:
+        validate_stages(parse_stages("0-1:a+b;2-3:c"), 4, None)
+    assert info.value.field == "stages[1].tensor_parallel"
+    sp = with_parallelism(parse_stages("0-1:a+b"), sequence_parallel=True)
+    second = StageSpec(1, (2, 3), ("c", "d"), tensor_parallel=2)
+    with pytest.raises(InputError, match="next to stage 0's 2 with sequence parallelism"):
+        validate_stages([*sp, second], 4, None)
+    interleaved = parse_stages("0:a+b;1:c+d;2:a+b;3:c+d")
+    validate_stages(interleaved, 4, None, allow_shared_devices=True)
+    with pytest.raises(InputError, match="keeps its tensor-parallel group") as info:
+        validate_stages(parse_stages("0:a+b;1:c+d;2:b+a;3:c+d"), 4, None, allow_shared_devices=True)
+    assert info.value.field == "stages[2].devices"
+
+
+def test_the_flags_apply_to_every_stage_that_can_take_them() -> None:
+    mixed = parse_stages("0-1:a,b;2-3:c")
+    assert [s.sharding for s in with_parallelism(mixed, sharding="fsdp")] == ["fsdp", "none"]
+    with pytest.raises(InputError, match="no stage is tensor parallel") as info:
+        with_parallelism(mixed, sequence_parallel=True)
+    assert info.value.field == "--sequence-parallel"
+    with pytest.raises(InputError, match="nothing to shard") as info:
+        with_parallelism(parse_stages("0:a;1:b"), sharding="zero1")
+    assert info.value.field == "--sharding"
+    with pytest.raises(InputError, match="expected one of none, zero1, fsdp"):
+        with_parallelism(mixed, sharding="zero2")
+    zero = with_parallelism(mixed, sharding="zero1")
+    assert [s.sharding for s in with_parallelism(zero, sharding="none")] == ["none", "none"]
+    assert with_parallelism(zero) == zero
+
+
+def test_run_and_export_refuse_what_they_cannot_run_yet() -> None:
+    tp, sharded = (
+        parse_stages(TP_TEXT)[0],
+        with_parallelism(parse_stages("0:a,b"), sharding="zero1")[0],
+    )
+    with pytest.raises(InputError, match="run does not run tensor parallelism yet") as info:
+        refuse_tensor_parallel(tp, command="run", source="plan.json")
+    assert info.value.field == "stages[0].tensor_parallel" and info.value.file == "plan.json"
     assert "gpu0+gpu1,gpu2+gpu3" in str(info.value)
-    with pytest.raises(InputError, match="not supported yet"):
-        refuse_tensor_parallel(stages[1])
-    refuse_tensor_parallel(parse_stages("0:a,b")[0])  # one device per replica: fine
-    profile = synthetic_profile(4)
-    with pytest.raises(InputError, match="not supported yet"):
-        simulate(profile, None, stages, "1f1b", 4)
-    profile.save(tmp_path / "p.json")
-    base = ["simulate", "--profile", str(tmp_path / "p.json"), "-m", "4", "--no-gantt"]
-    code, err = _run([*base, "--stages", TP_TEXT], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "tensor parallelism is not supported yet" in err and "Traceback" not in err
-    # A plan file that names a group: read, then refused by the same check, naming the file.
-    plan = tmp_path / "plan.json"
-    code, err = _run([*base, "--stages", "0-1:gpu0,gpu1;2-3:gpu2", "-o", str(plan)], capsys)
-    assert code == 0, err
-    data = json.loads(plan.read_text())
-    data["stages"][1]["devices"] = ["gpu2", "gpu3"]
-    data["stages"][1]["tensor_parallel"] = 2
-    plan.write_text(json.dumps(data))
-    with pytest.raises(InputError, match="not supported yet") as info:
-        Plan.load(plan)
-    assert info.value.file == str(plan) and info.value.field == "stages[1].tensor_parallel"
-    code, err = _run(["show", str(plan)], capsys)
-    assert code == 2 and "tensor parallelism is not supported yet" in err, err
-
-
-def test_schedules_are_not_built_for_tensor_parallel_stages() -> None:
-    with pytest.raises(InputError, match="tensor parallelism is not supported yet"):
-        build_schedule("1f1b", parse_stages(TP_TEXT), 4)
+    with pytest.raises(InputError, match="export does not run sharded data parallelism") as info:
+        refuse_tensor_parallel(sharded, command="export")
+    assert info.value.field == "stages[0].sharding"
+    refuse_tensor_parallel(parse_stages("0:a,b")[0], command="run")  # plain replicas: fine
 
 
 def test_a_plan_shape_is_hashable_and_a_plan_exposes_its_own(tmp_path: Path) -> None:

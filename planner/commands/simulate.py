@@ -44,6 +44,7 @@ from planner.plan import (
 from planner.profile import load_profile
 from planner.schedule import SCHEDULES, Schedule
 from planner.simulate import simulate
+from planner.stages import SHARDINGS, with_parallelism
 from planner.topology import Topology, load_topology
 
 if TYPE_CHECKING:
@@ -215,6 +216,7 @@ def _resolve(
     virtual_stages: int,
     step_ms: float | None,
     plan_file: Path | None,
+    parallelism: tuple[bool, str | None] = (False, None),
 ) -> _Resolved:
     """The flags, completed from ``--plan`` (its files sha256-checked unless overridden)."""
     from planner.plan_inputs import plan_inputs  # lazy: not needed by `pipeplan --help`
@@ -250,6 +252,9 @@ def _resolve(
         specs = _marked(plan.stages, marks)
     else:
         raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
+    sequence_parallel, sharding = parallelism
+    if sequence_parallel or sharding is not None:
+        specs = with_parallelism(specs, sequence_parallel=sequence_parallel, sharding=sharding)
     if profile is not None:
         prof = load_profile(profile)
     elif got is not None and got.profile is not None:
@@ -298,8 +303,23 @@ def simulate_command(
         None,
         "--stages",
         help='Partition: "0-3:gpu0,gpu1;4-7:gpu2" (layers first-last inclusive, then the '
-        "devices; several devices = data-parallel replicas) or a JSON/YAML stages file; "
-        "default with --plan: the plan's.",
+        "devices; several devices = data-parallel replicas; '+' joins a tensor-parallel "
+        'group: "0-3:gpu0+gpu1,gpu2+gpu3") or a JSON/YAML stages file; default with '
+        "--plan: the plan's.",
+        show_default=False,
+    ),
+    sequence_parallel: bool = typer.Option(
+        False,
+        "--sequence-parallel",
+        help="Sequence parallelism on every tensor-parallel stage (the profile's tpN-sp "
+        "entries: reduce-scatter and all-gather instead of all-reduce).",
+    ),
+    sharding: str | None = typer.Option(
+        None,
+        "--sharding",
+        help=f"Data-parallel sharding of every replicated stage: {', '.join(SHARDINGS)} "
+        "(zero1: optimizer state; fsdp: parameters, gradients and optimizer state). Default: "
+        "the stages' own (none).",
         show_default=False,
     ),
     schedule: str | None = typer.Option(
@@ -380,7 +400,7 @@ def simulate_command(
         outs.file(path, flag)
     got = _resolve(
         profile, topology, stages, schedule, microbatches, microbatch_size, recompute,
-        virtual_stages, step_ms, plan_file,
+        virtual_stages, step_ms, plan_file, (sequence_parallel, sharding),
     )  # fmt: skip
     outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
     specs, step_ms = got.stages, got.step_ms

@@ -47,6 +47,7 @@ from planner.runtime.worker import stream_2bw, worker_main
 from planner.schedule import as_stream, validate_schedule
 from planner.simulate import simulate
 from planner.simulate.one_device import one_device_prediction
+from planner.stages import refuse_tensor_parallel
 
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
@@ -127,6 +128,8 @@ def check_plan(
         settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
     """
     where = plan_source or "<plan>"
+    for stage in plan.stages:  # until issue 22's runtime slice lands
+        refuse_tensor_parallel(stage, command="run", source=where)
     schedule = plan.schedule
     if schedule.iterations != 1:
         raise InputError(

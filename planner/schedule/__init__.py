@@ -25,7 +25,7 @@ from planner.schedule.families import (
     is_interleaved,
 )
 from planner.schedule.validate import validate_order, validate_schedule
-from planner.stages import StageSpec, refuse_tensor_parallel
+from planner.stages import StageSpec
 
 __all__ = [
     "COMPUTE",
@@ -104,7 +104,7 @@ def build_schedule(
     m = num_microbatches
     v = checked_virtual_stages(name, stages, m, virtual_stages)
     fam = family(name)
-    groups = tuple(st.devices for st in stages)
+    groups = tuple(st.leaders for st in stages)  # a tensor-parallel group runs as its leader
     order = _validated_order(name, m, v, iterations, groups)  # refuses a searched family
     return Schedule(
         name,
@@ -136,10 +136,9 @@ def checked_virtual_stages(
             f"expected a positive number of microbatches, got {m!r}", field="num_microbatches"
         )
     for stage in stages:
-        refuse_tensor_parallel(stage)
-        if len(stage.devices) > m:
+        if stage.replicas > m:
             raise InputError(
-                f"stage {stage.id} has {len(stage.devices)} replicas but there are only {m} "
+                f"stage {stage.id} has {stage.replicas} replicas but there are only {m} "
                 "microbatches; every replica needs at least one",
                 field="num_microbatches",
             )

@@ -4,7 +4,9 @@ Generators only decide the order of F/B/I/W on each pipeline rank; :func:`expand
 each compute action on the replica that runs it (microbatch ``k`` of stage ``s`` runs on
 ``stages[s].devices[k % len(devices)]``), adds the sends right after the producing
 compute and the receives right before the consuming compute, and closes each stage's
-iteration with ``ALLREDUCE`` (replicated stages only) and ``STEP``.
+iteration with ``ALLREDUCE`` (replicated stages only) and ``STEP``. Tensor-parallel
+stages are expanded for their groups' leaders and mirrored to the other members
+(:mod:`planner.schedule.groups`).
 
 Example::
 
@@ -18,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from planner.schedule.action import Action, ActionType
+from planner.schedule.groups import is_grouped, leader_stages, mirror
 
 if TYPE_CHECKING:
     from planner.stages import StageSpec
@@ -46,6 +49,9 @@ def expand(
 
         expand(stages, {0: [("F", 0, 0), ("B", 0, 0)]}, num_microbatches=1)
     """
+    if is_grouped(stages):
+        lead = expand(leader_stages(stages), order, num_microbatches=num_microbatches)
+        return mirror(lead, stages)
     out: dict[str, list[Action]] = {dev: [] for stage in stages for dev in stage.devices}
     for rank in sorted(order):
         ops = order[rank]

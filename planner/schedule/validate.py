@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.schedule.actions import Action, ActionType, Schedule
+from planner.schedule.groups import is_grouped, leader_stages, unmirror
 
 if TYPE_CHECKING:
     from planner.stages import StageSpec
@@ -130,12 +131,27 @@ def validate_schedule(
     per stage; forward before backward on each device; a forward after the step that made
     its weights (iteration ``t`` after STEP of ``t - 1``, under 2bw of ``t - 2``); every
     needed transfer has one send after its producer and one receive before its consumer;
-    each stage's devices step once per iteration; and the lists do not deadlock.
+    each stage's devices step once per iteration; and the lists do not deadlock. The
+    members of a tensor-parallel group run their leader's list, mirrored
+    (:func:`planner.schedule.groups.unmirror`); the leaders' lists are checked as above.
 
     Example::
 
         validate_schedule(build_schedule("1f1b", stages, 8), stages)
     """
+    if is_grouped(stages):
+        lists = unmirror(schedule.devices, stages, source=source)
+        leaders = Schedule(
+            schedule.name,
+            schedule.num_stages,
+            schedule.num_microbatches,
+            lists,
+            virtual_stages=schedule.virtual_stages,
+            flush=schedule.flush,
+            iterations=schedule.iterations,
+        )
+        validate_schedule(leaders, leader_stages(stages), source=source)
+        return
     num_stages = len(stages)
     total = schedule.num_microbatches * schedule.iterations
 

@@ -24,6 +24,13 @@ The simulator executes the schedule's per-device action lists exactly as ``run``
 * precision is the profile's: its times and bytes were measured under autocast. In fp16
   every device's STEPs come after its backward work, and its first STEP pays the
   all-reduce of one overflow flag among all devices (:func:`overflow_agreement_ms`).
+* a tensor-parallel group (``gpu0+gpu1``) runs as its leader, every member the same:
+  its shard's times (the profile's ``sharded`` entries) at its slowest member's speed,
+  plus its layers' collectives on the group's ring; transfers between groups member to
+  member, together; replica all-reduces on one ring per member, the slowest counting.
+  ZeRO-1 reduce-scatters the gradients, steps on ``1 / r`` of the state and all-gathers
+  the weights; FSDP gathers the weights at an iteration's first forward and holds them,
+  whole, until its reduce-scatter (``shards``, ``group_comm``, ``grouped``; docs/parallelism.md).
 
 Memory per device over time = weights + gradients + optimizer state of its stages (plus a
 second weight version under 2bw) + the activations of the microbatches in flight, which
@@ -36,7 +43,9 @@ How it is computed (one concept per module):
 
 * ``program``: the compiled per-device programs and the named codes of their actions;
 * ``tables``: per-stage times, steps, tied exchange, fp16 overflow agreement and memory,
-  laid out per device and slot;
+  laid out per device and slot; ``shards``: a tensor-parallel member's view of the
+  profile and a sharded stage's memory; ``group_comm``: collectives and transfers of
+  groups; ``grouped``: a grouped plan timed through its leaders;
 * ``events``: the event engine, the definition; ``links``: the transfers' routes and
   each link's order (from a reference run);
 * ``in_order``: the fixed-order pass that gives the event engine's numbers, bit for bit,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from planner.profile.schema import Profile
+from planner.simulate.group_comm import group_transfer_ms
 from planner.simulate.tables import compute_times, step_table
 from planner.stages import StageSpec
 
@@ -43,7 +44,9 @@ def lower_bound_ms(
     (no contention; a hand-written order may put a STEP anywhere, so the path leaves it
     out). With ``split_backward`` (zb, optimized) only the input half of each
     backward is on the path, plus the weight half of the stage it ends on. Schedules
-    without a flush (2bw) overlap iterations, so only the work terms bound them.
+    without a flush (2bw) overlap iterations, so only the work terms bound them. A
+    tensor-parallel group counts as its leader (its members do the same work), with its
+    collectives in its compute and its members' transfers together on the path.
 
     Example::
 
@@ -53,8 +56,8 @@ def lower_bound_ms(
     steps = step_table(profile, topology, stages, step_ms)
     work: dict[str, float] = {}
     for st in stages:
-        r = len(st.devices)
-        for j, dev in enumerate(st.devices):
+        r = st.replicas
+        for j, dev in enumerate(st.leaders):
             count: float = num_microbatches // r + (1 if j < num_microbatches % r else 0)
             if not flush:  # a stream deals microbatch k to replica k % r: M / r on average
                 count = num_microbatches / r
@@ -66,20 +69,21 @@ def lower_bound_ms(
     path_max = 0.0
     # Microbatch k takes replica k % r of each stage: the paths repeat with the least
     # common multiple of the replica counts, so later ones change nothing.
-    period = math.lcm(*(len(st.devices) for st in stages))
+    period = math.lcm(*(st.replicas for st in stages))
     for k in range(min(num_microbatches, 64, period)):
         devs = [st.replica(k) for st in stages]
+        hops = _hop_ms(topology, stages, devs, cut, backward=False)
+        back = _hop_ms(topology, stages, devs, cut, backward=True)
         # Forward down the pipeline, then the (input-)gradient back up.
         down = 0.0
         for s, st in enumerate(stages):
-            if s and topology is not None and devs[s - 1] != devs[s]:
-                down += topology.transfer_ms(devs[s - 1], devs[s], cut[s])
+            down += hops[s]
             down += times[(st.id, devs[s])][0]
         up = down
         for s in range(len(stages) - 1, -1, -1):
             _, b, bi, bw = times[(stages[s].id, devs[s])]
-            if s + 1 < len(stages) and topology is not None and devs[s + 1] != devs[s]:
-                up += topology.transfer_ms(devs[s + 1], devs[s], cut[s + 1])
+            if s + 1 < len(stages):
+                up += back[s + 1]
             if split_backward:
                 up += bi
                 path_max = max(path_max, up + bw)
@@ -87,3 +91,34 @@ def lower_bound_ms(
                 up += b
         path_max = max(path_max, up)
     return max(bound, path_max)
+
+
+def _hop_ms(
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    devs: list[str],
+    cut: list[int],
+    *,
+    backward: bool,
+) -> list[float]:
+    """Per stage ``s`` the transfer between it and ``s - 1`` (activations forward, or the
+    gradient back; 0 for the first, on one device or without a topology); a group's
+    members' transfers together."""
+    out = [0.0]
+    for s in range(1, len(stages)):
+        a, b = devs[s - 1], devs[s]
+        if topology is None or a == b:
+            out.append(0.0)
+            continue
+        if stages[s].tensor_parallel == 1:
+            out.append(
+                topology.transfer_ms(b, a, cut[s])
+                if backward
+                else topology.transfer_ms(a, b, cut[s])
+            )
+            continue
+        ga = stages[s - 1].replica_groups[stages[s - 1].leaders.index(a)]
+        gb = stages[s].replica_groups[stages[s].leaders.index(b)]
+        pair = (gb, ga) if backward else (ga, gb)
+        out.append(group_transfer_ms(topology, *pair, cut[s]))
+    return out

@@ -213,8 +213,11 @@ class EventEngine:
                         dur = dtab[slot]
                         if record and dur > 0:
                             raw_events.append((di, step_code, s, -1, t, t + dur))
-                        if record and grows[slot]:  # the step's temporaries (CUDA profiles)
+                        if record and (grows[slot] or shrinks[slot]):
+                            # The step's temporaries (CUDA profiles); FSDP's whole weights
+                            # and gradients, gone when it starts (a negative grow).
                             dmem.append((t, level + grows[slot]))
+                            level += grows[slot] + shrinks[slot]
                             dmem.append((t + dur, level))
                         t += dur
                     if skey >= 0:

@@ -134,11 +134,17 @@ def _steps_per_device(
 
 
 def _routes(
-    ways: set[int], topology: Topology, devices: list[str], cut: list[int]
+    ways: set[int],
+    topology: Topology,
+    devices: list[str],
+    cut: list[int],
+    groups: dict[str, tuple[str, ...]],
 ) -> tuple[dict[int, Route], int]:
     """Each way's route, and how many links they use."""
     link_ids: dict[tuple[str, str], int] = {}
-    routes = {way: route_of_way(topology, devices, cut, way, link_ids) for way in sorted(ways)}
+    routes = {
+        way: route_of_way(topology, devices, cut, way, link_ids, groups) for way in sorted(ways)
+    }
     return routes, len(link_ids)
 
 
@@ -185,7 +191,7 @@ def run_in_order(
     # Durations of all devices end to end, then the empty action's 0.
     table = [*chain.from_iterable(tables.durations), 0.0]
     ref = [*chain.from_iterable(reference_durations(tables, topology)), 0.0]
-    routes, num_links = _routes(order.ways, topology, devices, tables.cut)
+    routes, num_links = _routes(order.ways, topology, devices, tables.cut, tables.groups)
     ranked = _ranked(steps, ref, len(devices), num_keys)
     link_free = [0.0] * num_links
     if not record:

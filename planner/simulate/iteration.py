@@ -32,6 +32,7 @@ from planner.shape import PlanShape
 from planner.simulate.bounds import lower_bound_ms
 from planner.simulate.order_search import optimized_schedule
 from planner.simulate.result import SimResult, bubble
+from planner.simulate.shards import forget_views
 from planner.simulate.timing import Engine, pausing_gc, simulate_schedule
 from planner.stages import StageSpec, as_stages, validate_stages
 from planner.topology import Topology, load_topology
@@ -78,6 +79,7 @@ def simulate(
         r.iteration_ms, r.memory_bytes
     """
     profile = as_profile(profile)
+    forget_views()  # a profile changed in place since the last call is read as it is now
     if isinstance(topology, str | os.PathLike):
         topology = load_topology(topology)
     stages = as_stages(stages)

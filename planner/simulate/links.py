@@ -4,6 +4,8 @@ its transfers in.
 A send is named by its *way*, ``(src * devices + dst) * cuts + cut`` (:func:`send_ways`):
 the devices it goes between and the cut it crosses (its receiving stage's input, or its
 gradient), which fix its route and its bytes. Links are numbered in the order routes first use them.
+Between tensor-parallel groups (their leaders stand for them in the programs) a send is
+the members' transfers together (:func:`planner.simulate.group_comm.group_transfer`).
 
 Each directed link carries one transfer at a time and serves them in a fixed order: the
 order in which their data becomes ready in a *reference run* of the same programs with
@@ -20,9 +22,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from planner.simulate.group_comm import group_transfer
 from planner.simulate.program import Program
 
 if TYPE_CHECKING:
@@ -78,8 +81,10 @@ def route_of_way(
     cut: list[int],
     way: int,
     link_ids: dict[tuple[str, str], int],
+    groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Route:
     """The route of a way; numbers links not in ``link_ids`` yet in the order met.
+    ``groups``: each tensor-parallel leader's group, whose members send together.
 
     Example::
 
@@ -88,8 +93,12 @@ def route_of_way(
     pair, c = divmod(way, len(cut) + 1)
     src, dst = divmod(pair, len(devices))
     a, b = devices[src], devices[dst]
-    ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in topology.route_links(a, b))
     nbytes = cut[c]
+    if groups and a in groups:
+        hops, latency, wire = group_transfer(topology, groups[a], groups[b], nbytes)
+        ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in hops)
+        return (ids, latency, wire, src, dst, nbytes)
+    ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in topology.route_links(a, b))
     wire_ms = nbytes / topology.bandwidth(a, b) * 1e3 if nbytes else 0.0
     return (ids, topology.latency_ms(a, b), wire_ms, src, dst, nbytes)
 
@@ -101,6 +110,7 @@ def link_queues(
     ways: list[int],
     sends: list[int],
     ready: list[float],
+    groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> LinkQueues:
     """Each transfer's route, and per link the order it serves transfers in.
 
@@ -124,7 +134,7 @@ def link_queues(
         way = ways[key]
         known = found.get(way)
         if known is None:
-            route = route_of_way(topology, devices, cut, way, link_ids)
+            route = route_of_way(topology, devices, cut, way, link_ids, groups)
             queues.extend([] for _ in range(len(link_ids) - len(queues)))
             known = found[way] = (route, [queues[link].append for link in route[0]])
         route_of[key] = known[0]

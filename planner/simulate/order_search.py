@@ -29,6 +29,7 @@ from planner.cost import stage_memory_bytes, stage_times
 from planner.errors import InputError
 from planner.schedule import Schedule, checked_virtual_stages, schedule_from_order
 from planner.schedule.order_family import family_order
+from planner.simulate.shards import check_parallel_stages, member_memory_bytes, shard_view
 from planner.simulate.timing import simulate_schedule
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ def optimized_schedule(
                 "interleaved for that",
                 field="schedule",
             )
+    if not all(st.is_plain for st in stages):  # before a member's memory is asked for
+        check_parallel_stages(profile, stages, flush=True)
     mbs = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[0]
     search = _OrderSearch(
         profile,
@@ -141,9 +144,12 @@ class _OrderSearch:
 
     def fits_stage(self, st: StageSpec, held: int) -> bool:
         """Whether ``held`` microbatches' activations fit on the stage's devices."""
-        need = stage_memory_bytes(
-            self.profile, st.first, st.last, self.mbs, held, recompute=st.recompute
-        )
+        if st.is_plain:
+            need = stage_memory_bytes(
+                self.profile, st.first, st.last, self.mbs, held, recompute=st.recompute
+            )
+        else:  # a member's shard, its sharded state, FSDP's gathered weights
+            need = member_memory_bytes(self.profile, st, self.mbs, held)
         return all(need <= self.limits.get(d, float("inf")) for d in st.devices)
 
     def fits(self, warm: Sequence[int], defer: Sequence[int] | None) -> bool:
@@ -195,7 +201,7 @@ class _OrderSearch:
         base = tuple(warm0)
         starts: list[Depths] = [(base, None)]
         can_split = any(
-            stage_times(self.profile, s.first, s.last, self.mbs).weight_grad_ms > 0
+            stage_times(shard_view(self.profile, s), s.first, s.last, self.mbs).weight_grad_ms > 0
             for s in self.stages
         )
         if can_split:

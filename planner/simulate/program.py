@@ -28,6 +28,7 @@ from planner.stages import StageSpec
 
 __all__ = [
     "ALLREDUCE",
+    "GATHER",
     "LAST_COMPUTE",
     "SLOTS",
     "STEP",
@@ -38,6 +39,7 @@ __all__ = [
     "compile_programs",
     "describe_entry",
     "devices_of",
+    "gather_first_forwards",
 ]
 
 
@@ -71,8 +73,11 @@ ALLREDUCE: Final = int(Code.ALLREDUCE)
 STEP: Final = int(Code.STEP)
 # Each code's name (the kind of a SimEvent), for lookups faster than Code(code).name.
 KIND_NAMES: Final = {int(c): c.name for c in Code}
-# Slots per stage in the duration tables: codes 0-3 (F, B, I, W), 8 (ALLREDUCE), 9 (STEP).
+# Slots per stage in the duration tables: codes 0-3 (F, B, I, W), 8 (ALLREDUCE), 9 (STEP),
+# and 6: an FSDP stage's first forward of an iteration, which gathers its weights first
+# (an F entry with this slot: gather_first_forwards).
 SLOTS: Final = 10
+GATHER: Final = 6
 _COMPUTE = {"F": int(Code.F), "B": int(Code.B), "I": int(Code.I), "W": int(Code.W)}
 
 Entry = tuple[int, int, int, int, int, int, int]
@@ -300,3 +305,27 @@ def _replica_entry(
         if prev_away and before is not None:
             skey, dst = ((s - 1) * t2 + k) * 2 + 1, index[before]
     return (code, s, k, s * SLOTS + code, rkey, skey, dst)
+
+
+def gather_first_forwards(
+    programs: list[Program], stages: Sequence[int], num_microbatches: int
+) -> list[Program]:
+    """``programs`` with each device's first forward of an iteration of each of ``stages``
+    (FSDP stages: the weights are gathered there) in slot ``stage * SLOTS + GATHER``; still
+    an F (its events are forwards), timed and sized by that slot.
+
+    Example::
+
+        gather_first_forwards(shape.programs, [0], 8)[0][0][3]   # 6: F0.0 gathers first
+    """
+    wanted = set(stages)
+    out: list[Program] = []
+    for prog in programs:
+        seen: set[tuple[int, int]] = set()
+        new = list(prog)
+        for p, (code, s, k, _, rkey, skey, dst) in enumerate(prog):
+            if code == Code.F and s in wanted and (s, k // num_microbatches) not in seen:
+                seen.add((s, k // num_microbatches))
+                new[p] = (code, s, k, s * SLOTS + GATHER, rkey, skey, dst)
+        out.append(new)
+    return out

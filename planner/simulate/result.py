@@ -72,6 +72,19 @@ class SimResult:
     iterations: int = 1
     # Optimizer step per stage (its slowest device's), as the iteration includes it.
     step_ms: list[float] = field(default_factory=list)
+    # Tensor parallelism: each group's leader (a name in device_names, which the events
+    # use) and its group; the per-device maps list every member.
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def label(self, device: str) -> str:
+        """A row's name: the device, or its tensor-parallel group (``gpu0+gpu1``).
+
+        Example::
+
+            result.label("gpu0")   # 'gpu0+gpu1'
+        """
+        group = self.groups.get(device)
+        return device if group is None else "+".join(group)
 
     @property
     def transfers(self) -> list[TransferEvent]:

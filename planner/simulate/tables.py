@@ -5,7 +5,12 @@ fp16's overflow agreement), replicas' all-reduces, the bytes crossing each cut, 
 memory held (weights, gradients, optimizer state, a second weight version without a
 flush) and taken and given back by each kind of action (stashed activations, rebuilt
 ones under recompute, CUDA workspaces). :class:`StageTables` lays them out per device
-and slot (``stage * SLOTS + code``) for the engines.
+and slot (``stage * SLOTS + code``) for the engines. A tensor-parallel group has one row,
+its leader's (the members' are the same): its shard's compute at the group's slowest
+device's speed plus its collectives (:mod:`planner.simulate.group_comm`); ZeRO-1 and FSDP
+stages step on ``1 / r`` of the state, FSDP's first forward of an iteration gathers the
+weights (slot ``GATHER``), ZeRO-1's step is followed by that gather
+(:mod:`planner.simulate.shards`).
 
 Example::
 
@@ -16,7 +21,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.cost import (
@@ -33,7 +38,15 @@ from planner.cost import (
 from planner.errors import InputError
 from planner.profile.schema import Profile
 from planner.schedule import ActionType, Schedule
-from planner.simulate.program import ALLREDUCE, SLOTS, STEP, devices_of
+from planner.schedule.groups import group_of_leader, is_grouped, leader_stages
+from planner.simulate.group_comm import gather_ms, pass_collective_ms, replica_sync_ms
+from planner.simulate.program import ALLREDUCE, GATHER, SLOTS, STEP, devices_of
+from planner.simulate.shards import (
+    gathered_bytes,
+    member_static_bytes,
+    shard_view,
+    step_workspace_bytes,
+)
 from planner.stages import StageSpec
 
 if TYPE_CHECKING:
@@ -63,6 +76,11 @@ class StageTables:
     throughout; ``cut[s]``: the bytes entering stage ``s`` from ``s - 1`` (activations
     forward, gradients backward); ``steps``: each (stage, device)'s STEP, as timed;
     ``replicas[s]``: how many devices run stage ``s`` (and meet at its all-reduces).
+    Tensor parallelism: ``devices`` are the groups' leaders, ``groups`` each leader's
+    group; ``reference`` the reference run's durations (device index, slot) that are not
+    the duration times the device's speed (a group's compute without its collectives);
+    ``gathering`` the FSDP stages, whose first forward of an iteration runs in slot
+    ``GATHER``.
 
     Example::
 
@@ -78,6 +96,9 @@ class StageTables:
     cut: list[int]
     steps: dict[tuple[int, str], float]
     replicas: list[int]
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    reference: dict[tuple[int, int], float] = field(default_factory=dict)
+    gathering: list[int] = field(default_factory=list)
 
 
 def speed(topology: Topology | None, device: str) -> float:
@@ -97,7 +118,10 @@ def compute_times(
     microbatch_size: int,
 ) -> tuple[ComputeTimes, list[int]]:
     """Per (stage, device) the compute times at the device's speed, and per stage the
-    bytes that enter it from the previous one.
+    bytes that enter it from the previous one. A tensor-parallel stage has one entry per
+    group, keyed by its leader: its shard's times at the group's slowest device's speed,
+    plus its collectives on the group (forward ones in F, backward ones in B and I, again
+    in B and I under recompute); its cut is one member's.
 
     Example::
 
@@ -106,6 +130,9 @@ def compute_times(
     """
     times = {}
     for st in stages:
+        if st.tensor_parallel > 1:
+            times.update(_group_times(profile, topology, st, microbatch_size))
+            continue
         # Replicas of one speed share their times (many replicas: computed once).
         by_speed: dict[float, tuple[float, float, float, float]] = {}
         for dev in st.devices:
@@ -119,8 +146,30 @@ def compute_times(
                 by_speed[v] = row
             times[(st.id, dev)] = row
     # Bytes entering stage s from stage s-1 (activations forward, gradients backward).
-    cut = [0] + [boundary_bytes(profile, st.first - 1, microbatch_size) for st in stages[1:]]
+    cut = [0] + [
+        boundary_bytes(shard_view(profile, st), st.first - 1, microbatch_size) for st in stages[1:]
+    ]
     return times, cut
+
+
+def _group_times(
+    profile: Profile, topology: Topology | None, st: StageSpec, microbatch_size: int
+) -> ComputeTimes:
+    """A tensor-parallel stage's compute times per group (see :func:`compute_times`)."""
+    view = shard_view(profile, st)
+    out: ComputeTimes = {}
+    for group in st.replica_groups:
+        v = min(speed(topology, d) for d in group)
+        t = stage_times(view, st.first, st.last, microbatch_size, speed=v, recompute=st.recompute)
+        fwd, bwd = pass_collective_ms(profile, topology, st, group, microbatch_size)
+        redo = fwd if st.recompute else 0.0
+        out[(st.id, group[0])] = (
+            t.forward_ms + fwd,
+            t.backward_ms + bwd + redo,
+            t.input_grad_ms + bwd + redo,
+            t.weight_grad_ms,
+        )
+    return out
 
 
 def step_table(
@@ -131,8 +180,10 @@ def step_table(
 ) -> dict[tuple[int, str], float]:
     """The STEP duration of each stage on each of its devices.
 
-    ``None``: the profile's optimizer step of the stage's layers at the device's speed; a
-    number (or one per stage) given explicitly is taken as it is, on every device.
+    ``None``: the profile's optimizer step of the stage's layers at the device's speed (a
+    tensor-parallel group's: its shard's at its slowest device's speed, under ZeRO-1 and
+    FSDP on ``1 / r`` of the state); a number (or one per stage) given explicitly is taken
+    as it is, on every device. Keys are each replica's (leader) device.
 
     Example::
 
@@ -141,6 +192,13 @@ def step_table(
     if step_ms is None:
         out: dict[tuple[int, str], float] = {}
         for st in stages:
+            if not st.is_plain:
+                view = shard_view(profile, st)
+                for group in st.replica_groups:
+                    v = min(speed(topology, d) for d in group)
+                    ms = stage_step_ms(view, st.first, st.last, speed=v)
+                    out[(st.id, group[0])] = ms if st.sharding == "none" else ms / st.replicas
+                continue
             by_speed: dict[float, float] = {}  # replicas of one speed: computed once
             for d in st.devices:
                 v = speed(topology, d)
@@ -157,7 +215,7 @@ def step_table(
                 f"expected one step time per stage ({len(stages)}), got {len(given)}",
                 field="step_ms",
             )
-    return {(st.id, d): given[st.id] for st in stages for d in st.devices}
+    return {(st.id, d): given[st.id] for st in stages for d in st.leaders}
 
 
 def tied_exchange_ms(
@@ -219,9 +277,14 @@ def overflow_agreement_ms(
     if profile.precision != "fp16" or topology is None:
         return {}
     devices = devices_of(schedule, stages)
-    if len(devices) < 2:
+    if is_grouped(stages):  # every member agrees; the leaders' lists stand for them
+        devices = devices_of(schedule, leader_stages(stages))
+        ring = list(dict.fromkeys(d for st in stages for d in st.devices))
+        ms = topology.allreduce_ms(ring, 4)
+    elif len(devices) < 2:
         return {}
-    ms = topology.allreduce_ms(devices, 4)
+    else:
+        ms = topology.allreduce_ms(devices, 4)
     out: dict[tuple[int, str], float] = {}
     for d in devices:
         steps = [a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP]
@@ -245,6 +308,12 @@ def _static_bytes(
     weight versions of a schedule without a flush)."""
     static = dict.fromkeys(devices, 0)
     for spec in stages:
+        if not spec.is_plain:
+            held = member_static_bytes(profile, spec, weight_versions=weight_versions)
+            for d in spec.leaders:
+                if d in static:
+                    static[d] += held
+            continue
         per_dev = stage_static_bytes(profile, spec.first, spec.last, replicas=len(spec.devices))
         per_dev += (weight_versions - 1) * stage_param_bytes(profile, spec.first, spec.last)
         for d in spec.devices:
@@ -261,10 +330,15 @@ def _memory_deltas(
     The stash is taken when a forward starts and freed when B (or W) ends; with recompute
     the rebuilt activations exist from the start of B (or I) until it (or W) ends; the
     workspace exists while each runs; the optimizer step's temporaries while STEP runs.
+    FSDP's whole weights and gradients come with the first forward of an iteration (slot
+    ``GATHER``) and go when its STEP starts (after the reduce-scatter).
     """
     grows = [0] * (SLOTS * len(stages))
     shrinks = [0] * (SLOTS * len(stages))
     for si, s in enumerate(stages):
+        if not s.is_plain:
+            _member_deltas(profile, s, si, microbatch_size, grows, shrinks)
+            continue
         stash = stage_activation_bytes(
             profile, s.first, s.last, microbatch_size, recompute=s.recompute
         )
@@ -285,6 +359,34 @@ def _memory_deltas(
     return grows, shrinks
 
 
+def _member_deltas(
+    profile: Profile,
+    s: StageSpec,
+    si: int,
+    microbatch_size: int,
+    grows: list[int],
+    shrinks: list[int],
+) -> None:
+    """:func:`_memory_deltas` of a tensor-parallel or sharded stage, for one member."""
+    view = shard_view(profile, s)
+    stash = stage_activation_bytes(view, s.first, s.last, microbatch_size, recompute=s.recompute)
+    rebuilt = stage_activation_bytes(view, s.first, s.last, microbatch_size) if s.recompute else 0
+    scratch = stage_workspace_bytes(view, s.first, s.last, microbatch_size)
+    deltas = (
+        (stash + scratch, -scratch),
+        (rebuilt + scratch, -stash - rebuilt - scratch),
+        (rebuilt + scratch, -scratch),
+        (scratch, -stash - rebuilt - scratch),
+    )
+    for code in range(4):
+        grows[si * SLOTS + code], shrinks[si * SLOTS + code] = deltas[code]
+    gathered = gathered_bytes(profile, s)
+    grows[si * SLOTS + GATHER] = deltas[0][0] + gathered
+    shrinks[si * SLOTS + GATHER] = deltas[0][1]
+    step_work = step_workspace_bytes(profile, s)
+    grows[si * SLOTS + STEP], shrinks[si * SLOTS + STEP] = step_work - gathered, -step_work
+
+
 def _step_times(
     profile: Profile,
     topology: Topology | None,
@@ -295,6 +397,11 @@ def _step_times(
     """Each STEP as timed: the optimizer step, plus the tied and overflow exchanges the
     device pays in it."""
     steps = step_table(profile, topology, stages, step_ms)
+    for st in stages:
+        if st.sharding == "zero1":  # the updated weights' all-gather follows the step
+            ms = gather_ms(profile, topology, st)
+            for d in st.leaders:
+                steps[(st.id, d)] += ms
     for key, ms in tied_exchange_ms(profile, topology, stages, schedule).items():
         steps[key] += ms
     for key, ms in overflow_agreement_ms(profile, topology, stages, schedule).items():
@@ -317,7 +424,8 @@ def stage_tables(
         stage_tables(profile, None, stages, build_schedule("1f1b", stages, 8), 4, None)
     """
     times, cut = compute_times(profile, topology, stages, microbatch_size)
-    devices = devices_of(schedule, stages)
+    grouped = is_grouped(stages)
+    devices = devices_of(schedule, leader_stages(stages) if grouped else stages)
     steps = _step_times(profile, topology, stages, schedule, step_ms)
     static = _static_bytes(profile, stages, devices, 1 if schedule.flush else 2)
     allreduce_ms = [
@@ -326,8 +434,12 @@ def stage_tables(
             if topology is not None and len(s.devices) > 1
             else 0.0
         )
+        if s.is_plain
+        else replica_sync_ms(profile, topology, s)
         for s in stages
     ]
+    gathering = [si for si, s in enumerate(stages) if s.sharding == "fsdp"]
+    gather = {si: gather_ms(profile, topology, stages[si]) for si in gathering}
     durations: list[list[float]] = []
     for d in devices:
         table = [0.0] * (SLOTS * len(stages))
@@ -336,16 +448,45 @@ def stage_tables(
                 table[si * SLOTS : si * SLOTS + 4] = times[(si, d)]
                 table[si * SLOTS + ALLREDUCE] = allreduce_ms[si]
                 table[si * SLOTS + STEP] = steps[(si, d)]
+                if si in gather:
+                    table[si * SLOTS + GATHER] = table[si * SLOTS] + gather[si]
         durations.append(table)
     grows, shrinks = _memory_deltas(profile, stages, microbatch_size)
-    replicas = [len(st.devices) for st in stages]
-    return StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
+    replicas = [st.replicas for st in stages]
+    tables = StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
+    if grouped:
+        tables.groups = group_of_leader(stages)
+        tables.reference = _group_reference(profile, stages, devices, microbatch_size)
+    tables.gathering = gathering
+    return tables
+
+
+def _group_reference(
+    profile: Profile, stages: Sequence[StageSpec], devices: list[str], microbatch_size: int
+) -> dict[tuple[int, int], float]:
+    """The reference run's compute of each tensor-parallel group: its shard's times on a
+    speed-1 device, without the collectives (whose times depend on the links)."""
+    index = {d: i for i, d in enumerate(devices)}
+    out: dict[tuple[int, int], float] = {}
+    for si, st in enumerate(stages):
+        if st.tensor_parallel == 1:
+            continue
+        t = stage_times(
+            shard_view(profile, st), st.first, st.last, microbatch_size, recompute=st.recompute
+        )
+        row = (t.forward_ms, t.backward_ms, t.input_grad_ms, t.weight_grad_ms)
+        for d in st.leaders:
+            if d in index:
+                for code in range(4):
+                    out[(index[d], si * SLOTS + code)] = row[code]
+    return out
 
 
 def reference_durations(tables: StageTables, topology: Topology) -> list[list[float]]:
     """The durations of the reference run that fixes the links' order: the profile's compute
-    times (on speed-1 devices: each device's times times its speed), and no time for
-    all-reduces and steps.
+    times (on speed-1 devices: each device's times times its speed; a tensor-parallel
+    group's shard without its collectives, FSDP's first forward without its gather), and
+    no time for all-reduces and steps.
 
     Example::
 
@@ -357,4 +498,9 @@ def reference_durations(tables: StageTables, topology: Topology) -> list[list[fl
         ref = [x * sp for x in dtab]
         ref[ALLREDUCE::SLOTS] = ref[STEP::SLOTS] = [0.0] * (len(ref) // SLOTS)
         out.append(ref)
+    for (i, slot), ms in tables.reference.items():
+        out[i][slot] = ms
+    for si in tables.gathering:
+        for ref in out:
+            ref[si * SLOTS + GATHER] = ref[si * SLOTS]
     return out

@@ -24,12 +24,16 @@ from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
 from planner.errors import InputError
 from planner.profile.schema import Profile
 from planner.schedule import Schedule
+from planner.schedule.groups import is_grouped, leader_stages
 from planner.schedule.tied import defer_tied_steps
 from planner.simulate.events import EventEngine
+from planner.simulate.grouped import leader_schedule, with_members
 from planner.simulate.in_order import run_in_order
 from planner.simulate.links import link_queues
+from planner.simulate.program import gather_first_forwards
 from planner.simulate.result import EngineOutput, SimResult, bubble
 from planner.simulate.shapes import SHAPES, CompiledShape
+from planner.simulate.shards import check_parallel_stages
 from planner.simulate.tables import StageTables, reference_durations, stage_tables
 from planner.simulate.totals import program_totals
 from planner.stages import StageSpec
@@ -90,6 +94,7 @@ def simulate_schedule(
     ``events=False`` skips the event lists and memory curves (for solver loops);
     ``engine`` picks how the times are computed (see the module's description). A
     schedule that deadlocks raises an InputError naming where each device waits.
+    Tensor-parallel groups run as their leaders (:mod:`planner.simulate.grouped`).
 
     Example::
 
@@ -101,11 +106,24 @@ def simulate_schedule(
         )
     if profile.tied_parameters or profile.precision == "fp16":
         schedule = with_deferred_steps(profile, stages, schedule)
-    tables = stage_tables(profile, topology, stages, schedule, microbatch_size, step_ms)
+    plain = all(st.is_plain for st in stages)
+    run_stages, run_schedule = stages, schedule
+    if not plain:
+        check_parallel_stages(profile, stages, flush=schedule.flush)
+        if is_grouped(stages):
+            run_stages = leader_stages(stages)
+            run_schedule = leader_schedule(schedule, stages)
+    tables = stage_tables(profile, topology, stages, run_schedule, microbatch_size, step_ms)
     total_mb = schedule.num_microbatches * schedule.iterations
-    shape = SHAPES.get(schedule, stages, tables.devices, total_mb)
+    shape = SHAPES.get(run_schedule, run_stages, tables.devices, total_mb)
+    if tables.gathering:
+        programs = gather_first_forwards(
+            shape.programs, tables.gathering, schedule.num_microbatches
+        )
+        shape = CompiledShape(programs)
     run = _run_engine(engine, shape, tables, topology, total_mb, record=events)
-    return _result(run, shape, tables, topology, stages, schedule, microbatch_size, events)
+    result = _result(run, shape, tables, topology, stages, schedule, microbatch_size, events)
+    return result if run_stages is stages else with_members(result, stages, topology)
 
 
 def with_deferred_steps(
@@ -192,7 +210,9 @@ def run_events(
         ref.sends = sends  # the reference run lists its sends in the order they run
         ref.run()
         ways = shape.ways(num_keys, total_mb, len(tables.replicas))
-        links = link_queues(topology, tables.devices, tables.cut, ways, sends, ref.arrival)
+        links = link_queues(
+            topology, tables.devices, tables.cut, ways, sends, ref.arrival, tables.groups
+        )
     engine = EventEngine(
         programs,
         tables.durations,
@@ -251,5 +271,5 @@ def _result(
         microbatch_size=microbatch_size,
         num_microbatches=schedule.num_microbatches,
         iterations=schedule.iterations,
-        step_ms=[max(tables.steps[(st.id, d)] for d in st.devices) for st in stages],
+        step_ms=[max(tables.steps[(st.id, d)] for d in st.leaders) for st in stages],
     )

@@ -51,6 +51,9 @@ from planner.plan import StageSpec
 from planner.profile.schema import Profile
 from planner.schedule.families import family
 from planner.simulate import lower_bound_ms
+from planner.simulate.group_comm import replica_sync_ms
+from planner.simulate.shards import member_static_bytes
+from planner.simulate.tables import compute_times, step_table
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -79,9 +82,13 @@ def _shares(
 ) -> list[list[_Share]]:
     """Per stage, per device in its order: its share of the iteration (microbatch ``k``
     of a stage with ``r`` replicas runs on replica ``k % r``). Replicas of one speed share
-    one :func:`~planner.cost.stage_times`."""
+    one :func:`~planner.cost.stage_times`. A tensor-parallel or sharded stage's shares are
+    the simulator's own tables' (per group leader)."""
     out = []
     for st in stages:
+        if not st.is_plain:
+            out.append(_group_shares(profile, topology, st, num_microbatches, microbatch_size))
+            continue
         r = len(st.devices)
         reduce_ms = _allreduce_ms(profile, topology, st)
         by_speed: dict[float, tuple[StageTimes, float]] = {}
@@ -98,6 +105,28 @@ def _shares(
             row.append(_Share(dev, count, hit[0], reduce_ms, hit[1]))
         out.append(row)
     return out
+
+
+def _group_shares(
+    profile: Profile,
+    topology: Topology | None,
+    st: StageSpec,
+    num_microbatches: int,
+    microbatch_size: int,
+) -> list[_Share]:
+    """:func:`_shares` of a tensor-parallel or sharded stage: per replica (its leader) the
+    simulator's compute times (collectives included), replica sync and step (without
+    ZeRO-1's gather after it and FSDP's at the first forward: a bound may leave work out)."""
+    times, _ = compute_times(profile, topology, [st], microbatch_size)
+    steps = step_table(profile, topology, [st], None)
+    reduce_ms = replica_sync_ms(profile, topology, st)
+    r = st.replicas
+    row = []
+    for j, dev in enumerate(st.leaders):
+        f, b, bi, bw = times[(st.id, dev)]
+        count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+        row.append(_Share(dev, count, StageTimes(f, b, bi, bw), reduce_ms, steps[(st.id, dev)]))
+    return row
 
 
 def busy_bound_ms(
@@ -292,6 +321,12 @@ def overflows_memory(
     versions = family(schedule).weight_versions
     held: dict[str, int] = {}
     for st in stages:
+        if not st.is_plain:
+            for d in st.devices:
+                held[d] = held.get(d, 0) + member_static_bytes(
+                    profile, st, weight_versions=versions
+                )
+            continue
         per_device = stage_static_bytes(profile, st.first, st.last, replicas=len(st.devices))
         per_device += (versions - 1) * stage_param_bytes(profile, st.first, st.last)
         for d in st.devices:

@@ -1,0 +1,128 @@
+"""Tensor-parallel groups in schedules: the leaders' lists, and every member's mirror of them.
+
+The members of a tensor-parallel group run identical action lists: the group's leader
+(its first device, :attr:`~planner.stages.StageSpec.leaders`) runs the schedule's actions,
+and member ``i`` runs the same actions with each peer replaced by member ``i`` of the peer's
+group (member ``i`` of a group sends to and receives from member ``i`` of the neighbouring
+stage's group). Generators and the simulator therefore work on the *leader view* of a
+partition (:func:`leader_stages`: one device per replica, the leader), and the device lists
+of a plan hold every member (:func:`mirror`); :func:`unmirror` checks that a plan's lists
+are such mirrors and gives back the leaders' lists.
+
+Example::
+
+    stages = parse_stages("0:a+b;1:c+d")
+    lead = leader_stages(stages)                 # 0:a;1:c
+    mirror({"a": [Action.parse("SEND_F0.0->c")]}, stages)["b"]   # [SEND_F0.0->d]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from planner.errors import InputError
+from planner.schedule.action import Action
+from planner.stages import StageSpec
+
+__all__ = ["group_of_leader", "is_grouped", "leader_stages", "mirror", "unmirror"]
+
+
+def is_grouped(stages: Sequence[StageSpec]) -> bool:
+    """Whether any stage runs on tensor-parallel groups of two or more devices.
+
+    Example::
+
+        is_grouped(parse_stages("0:a+b")), is_grouped(parse_stages("0:a,b"))   # True, False
+    """
+    return any(st.tensor_parallel > 1 for st in stages)
+
+
+def leader_stages(stages: Sequence[StageSpec]) -> list[StageSpec]:
+    """The partition as its leaders run it: each stage on its replicas' leaders, one device
+    per replica (layers and recompute kept; the groups' other options are the cost model's).
+
+    Example::
+
+        leader_stages(parse_stages("0-1:a+b,c+d"))[0].devices   # ('a', 'c')
+    """
+    return [
+        st if st.tensor_parallel == 1 else StageSpec(st.id, st.layers, st.leaders, st.recompute)
+        for st in stages
+    ]
+
+
+def group_of_leader(stages: Sequence[StageSpec]) -> dict[str, tuple[str, ...]]:
+    """Each leader's group, for the stages that are tensor parallel.
+
+    Example::
+
+        group_of_leader(parse_stages("0:a+b;1:c+d"))   # {'a': ('a', 'b'), 'c': ('c', 'd')}
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    for st in stages:
+        if st.tensor_parallel > 1:
+            for group in st.replica_groups:
+                out[group[0]] = group
+    return out
+
+
+def mirror(
+    lists: Mapping[str, Sequence[Action]], stages: Sequence[StageSpec]
+) -> dict[str, list[Action]]:
+    """Every device's list from the leaders' ``lists``: each member right after its leader,
+    with the leader's actions and each peer mapped to the peer group's member at the same
+    place.
+
+    Example::
+
+        mirror({"a": [Action.parse("RECV_F1.0<-c")]}, parse_stages("0:c+d;1:a+b"))
+        # {'a': [RECV_F1.0<-c], 'b': [RECV_F1.0<-d]}
+    """
+    groups = group_of_leader(stages)
+    out: dict[str, list[Action]] = {}
+    for leader, acts in lists.items():
+        out[leader] = list(acts)
+        group = groups.get(leader, (leader,))
+        for i, member in enumerate(group[1:], start=1):
+            out[member] = [
+                a if a.peer not in groups else a._replace(peer=groups[a.peer][i]) for a in acts
+            ]
+    return out
+
+
+def unmirror(
+    lists: Mapping[str, Sequence[Action]],
+    stages: Sequence[StageSpec],
+    *,
+    source: str | None = None,
+) -> dict[str, list[Action]]:
+    """The leaders' lists of a plan's device lists, after checking that every member's list
+    is its leader's mirror (:func:`mirror`); one InputError naming the first difference.
+
+    Example::
+
+        unmirror(plan.schedule.devices, plan.stages, source="plan.json")
+    """
+    groups = group_of_leader(stages)
+    members = {m for g in groups.values() for m in g[1:]}
+    leaders = {d: list(acts) for d, acts in lists.items() if d not in members}
+    expected = mirror(leaders, stages)
+    for dev in members:
+        if dev not in lists:
+            raise InputError(
+                "missing: every member of a tensor-parallel group runs its leader's actions",
+                file=source,
+                field=f"schedule.devices.{dev}",
+            )
+        got, want = list(lists[dev]), expected[dev]
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            at = min(len(got), len(want)) if at is None else at
+            shown = str(want[at]) if at < len(want) else "the end of the list"
+            raise InputError(
+                f"expected {shown} (the mirror of its group leader's list: a group's "
+                "members run the leader's actions, each with its own peer)",
+                file=source,
+                field=f"schedule.devices.{dev}[{at}]",
+            )
+    return leaders

@@ -1,0 +1,176 @@
+"""Communication of tensor-parallel groups and sharded replicas, timed on the topology.
+
+* A tensor-parallel layer's collectives (:class:`~planner.profile.sharding.Collective`)
+  run on its group's ring (:meth:`~planner.topology.Topology.allreduce_ms`, the better of
+  the group's order and the order grouped by host): an all-reduce takes the ring
+  all-reduce's time, a reduce-scatter or an all-gather half of it (``n - 1`` of its
+  ``2 (n - 1)`` steps), so sequence parallelism's pair costs what the all-reduce does.
+  :func:`pass_collective_ms` sums them per pass.
+* A replicated stage's gradients meet on ``t`` parallel rings, ring ``i`` over member ``i``
+  of every replica (each member holds its own shard); the slowest ring sets the time
+  (:func:`replica_sync_ms`): an all-reduce, or under ZeRO-1 / FSDP a reduce-scatter.
+  :func:`gather_ms` is their all-gather of the weights (ZeRO-1 after the step, FSDP at the
+  first forward).
+* A transfer between two groups is ``t`` transfers, member ``i`` to member ``i``
+  (:func:`group_transfer`): it holds every link any of them uses, for the slowest, with
+  the member transfers that share a link sharing its bandwidth.
+
+Contention between these and the pipeline's transfers is not modelled (as for the
+all-reduce of plain data parallelism), nor between the ``t`` parallel rings.
+
+Example::
+
+    forward_ms, backward_ms = pass_collective_ms(profile, topology, stage, ("gpu0", "gpu1"), 4)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from planner.cost import stage_param_bytes, stage_tied_parameters
+from planner.profile.schema import Profile
+from planner.profile.sharding import Collective, shard_key
+from planner.simulate.shards import shard_view
+from planner.stages import StageSpec
+
+if TYPE_CHECKING:
+    from planner.topology import Topology
+
+__all__ = [
+    "collective_ms",
+    "gather_ms",
+    "group_transfer",
+    "group_transfer_ms",
+    "pass_collective_ms",
+    "replica_sync_ms",
+]
+
+
+@functools.lru_cache(maxsize=4096)
+def _ring_ms(topology: Topology, devices: tuple[str, ...], nbytes: int) -> float:
+    # Every layer of every stage asks for the same few (group, size) pairs; the ring's
+    # routes are the costly part. (Topologies compare by identity.)
+    return topology.allreduce_ms(list(devices), nbytes)
+
+
+def collective_ms(topology: Topology | None, group: Sequence[str], c: Collective) -> float:
+    """One collective on ``group``'s ring: all-reduce the ring all-reduce, reduce-scatter
+    and all-gather half of it; 0 without a topology (free communication).
+
+    Example::
+
+        collective_ms(topology, ("gpu0", "gpu1"), Collective("all_gather", 2**20, "forward"))
+    """
+    if topology is None or len(group) < 2:
+        return 0.0
+    full = _ring_ms(topology, tuple(group), c.bytes)
+    return full if c.op == "all_reduce" else full / 2
+
+
+def pass_collective_ms(
+    profile: Profile,
+    topology: Topology | None,
+    stage: StageSpec,
+    group: Sequence[str],
+    microbatch_size: int,
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)``: one microbatch's collectives of the stage's layers on
+    ``group`` (the backward's are its input half's).
+
+    Example::
+
+        pass_collective_ms(profile, topology, stage, stage.replica_groups[0], 4)
+    """
+    if stage.tensor_parallel == 1:
+        return 0.0, 0.0
+    key = shard_key(stage.tensor_parallel, sequence_parallel=stage.sequence_parallel)
+    timings = profile.measurement(microbatch_size).layers[stage.first : stage.last + 1]
+    forward = backward = 0.0
+    for timing in timings:
+        for c in timing.sharded[key].collectives:
+            ms = collective_ms(topology, group, c)
+            if c.phase == "forward":
+                forward += ms
+            else:
+                backward += ms
+    return forward, backward
+
+
+def _rings(stage: StageSpec) -> list[tuple[str, ...]]:
+    """Ring ``i``: member ``i`` of every replica."""
+    groups = stage.replica_groups
+    return [tuple(g[i] for g in groups) for i in range(stage.tensor_parallel)]
+
+
+def replica_sync_ms(profile: Profile, topology: Topology | None, stage: StageSpec) -> float:
+    """The stage's ALLREDUCE: its gradients (less the tied ones, exchanged apart) on the
+    slowest of its per-member rings; a reduce-scatter (half) under ZeRO-1 and FSDP.
+
+    Example::
+
+        replica_sync_ms(profile, topology, stage)
+    """
+    if topology is None or stage.replicas < 2:
+        return 0.0
+    view = shard_view(profile, stage)
+    tied = sum(t.param_bytes for t in stage_tied_parameters(view, stage.first, stage.last))
+    grads = stage_param_bytes(view, stage.first, stage.last) - tied
+    full = max(_ring_ms(topology, ring, grads) for ring in _rings(stage))
+    return full if stage.sharding == "none" else full / 2
+
+
+def gather_ms(profile: Profile, topology: Topology | None, stage: StageSpec) -> float:
+    """ZeRO-1 / FSDP: the all-gather of the stage's weights over its replicas, on the
+    slowest per-member ring; 0 without sharding.
+
+    Example::
+
+        gather_ms(profile, topology, with_parallelism(stages, sharding="fsdp")[0])
+    """
+    if topology is None or stage.sharding == "none":
+        return 0.0
+    params = stage_param_bytes(shard_view(profile, stage), stage.first, stage.last)
+    return max(_ring_ms(topology, ring, params) for ring in _rings(stage)) / 2
+
+
+def group_transfer(
+    topology: Topology, sources: Sequence[str], targets: Sequence[str], nbytes: int
+) -> tuple[list[tuple[str, str]], float, float]:
+    """Member ``i`` of ``sources`` sends ``nbytes`` to member ``i`` of ``targets``, all at
+    once: ``(links, latency_ms, wire_ms)`` of the whole, every link any of them uses held
+    for the longest latency plus the busiest link's bytes over its bandwidth.
+
+    Example::
+
+        group_transfer(topology, ("gpu0", "gpu1"), ("gpu4", "gpu5"), 2**20)
+    """
+    use: dict[tuple[str, str], int] = {}
+    latency = 0.0
+    for a, b in zip(sources, targets, strict=True):
+        if a == b:
+            continue
+        latency = max(latency, topology.latency_ms(a, b))
+        for hop in topology.route_links(a, b):
+            use[hop] = use.get(hop, 0) + 1
+    wire = 0.0
+    if nbytes:
+        wire = max(
+            (n * nbytes / topology.link_bandwidth(*hop) * 1e3 for hop, n in use.items()),
+            default=0.0,
+        )
+    return list(use), latency, wire
+
+
+def group_transfer_ms(
+    topology: Topology, sources: Sequence[str], targets: Sequence[str], nbytes: int
+) -> float:
+    """:func:`group_transfer`'s time, ``latency + wire``.
+
+    Example::
+
+        group_transfer_ms(topology, ("gpu0", "gpu1"), ("gpu4", "gpu5"), 2**20)
+    """
+    _, latency, wire = group_transfer(topology, sources, targets, nbytes)
+    return latency + wire

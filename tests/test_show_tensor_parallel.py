@@ -1,0 +1,123 @@
+"""A tensor-parallel plan through the command line: `simulate --stages` with '+' groups,
+`--sequence-parallel` and `--sharding` write it, `show` draws it (one Gantt row per group,
+one trace track per device), and `run` and `export` refuse it with one line until their
+slices of issue 22 land."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from planner.cli import main
+from planner.cost import synthetic_profile, synthetic_tensor_parallel
+from planner.plan import Plan
+
+TOPOLOGY = """\
+schema: pipeplan.topology/v1
+name: eight
+devices:
+  - {name: "gpu{0..7}", memory: 1 GiB, speed: 1.0}
+switches: [sw]
+links:
+  - {between: ["gpu{0..7}", sw], bandwidth: 10 GB/s, latency: 1 us}
+"""
+STAGES = "0-3:gpu0+gpu1,gpu2+gpu3;4-7:gpu4+gpu5,gpu6+gpu7"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.fixture
+def plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    prof, topo, plan = tmp_path / "prof.json", tmp_path / "eight.yaml", tmp_path / "plan.json"
+    synthetic_tensor_parallel(synthetic_profile(8, output_bytes=10**6), (2,)).save(prof)
+    topo.write_text(TOPOLOGY)
+    code, out, err = _run(
+        capsys,
+        "simulate",
+        "--profile",
+        str(prof),
+        "--topology",
+        str(topo),
+        "--stages",
+        STAGES,
+        "--sequence-parallel",
+        "--sharding",
+        "zero1",
+        "-m",
+        "4",
+        "-o",
+        str(plan),
+    )
+    assert code == 0, err
+    assert "gpu0+gpu1, gpu2+gpu3" in out and "TP2, SP, zero1" in out
+    return plan
+
+
+def test_a_tensor_parallel_plan_is_written_and_shown(
+    plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(plan.read_text())
+    first = data["stages"][0]
+    assert (first["tensor_parallel"], first["sequence_parallel"], first["sharding"]) == (
+        2,
+        True,
+        "zero1",
+    )
+    assert sorted(data["schedule"]["devices"]) == [f"gpu{i}" for i in range(8)]
+    assert sorted(data["predicted"]["memory_bytes"]) == [f"gpu{i}" for i in range(8)]
+    assert Plan.load(plan).to_dict() == data  # read and written back unchanged
+    svg, trace = tmp_path / "g.svg", tmp_path / "t.json"
+    code, out, err = _run(capsys, "show", str(plan), "--svg", str(svg), "--trace", str(trace))
+    assert code == 0, err
+    gantt = [line.split()[0] for line in out.splitlines() if line.startswith("gpu")]
+    assert "gpu0+gpu1" in gantt and "gpu6+gpu7" in gantt  # one row per group
+    assert f"Iteration: {data['predicted']['iteration_ms']:.3f} ms" in out
+    texts = {t.text for t in ElementTree.fromstring(svg.read_text()).iter() if t.text}
+    assert {"gpu0+gpu1", "gpu2+gpu3", "gpu4+gpu5", "gpu6+gpu7"} <= texts
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {f"gpu{i}" for i in range(8)} <= tracks and "gpu0+gpu1 -> gpu4+gpu5" in tracks
+    forwards = [e for e in events if e.get("name") == "F0.0"]
+    assert len(forwards) == 2  # on gpu0 and gpu1, the same times
+    assert forwards[0]["ts"] == forwards[1]["ts"] and forwards[0]["tid"] != forwards[1]["tid"]
+
+
+def test_a_member_list_that_is_not_its_leaders_mirror_is_refused(
+    plan: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(plan.read_text())
+    data["schedule"]["devices"]["gpu1"].reverse()
+    plan.write_text(json.dumps(data))
+    code, _, err = _run(capsys, "show", str(plan))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "schedule.devices.gpu1[0]" in err and "mirror of its group leader" in err
+
+
+def test_run_and_export_refuse_a_tensor_parallel_plan_with_one_line(
+    plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
+    code, _, err = _run(capsys, "run", str(plan), "--model", str(model), "--steps", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "run does not run tensor parallelism yet" in err and "stages[0].tensor_parallel" in err
+    code, _, err = _run(
+        capsys,
+        "export",
+        str(plan),
+        "--to",
+        "torch",
+        "--model",
+        str(model),
+        "-o",
+        str(tmp_path / "out"),
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "export does not run tensor parallelism yet" in err
