@@ -45,6 +45,7 @@ from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.measure import ProgressFn, parse_microbatch_sizes
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.tensor_parallel import TensorParallelRequest, check_request
 
 __all__ = [
     "STEP_TRAFFIC",
@@ -129,6 +130,7 @@ def analytic_profile(
     threads: int = 1,
     twins: bool = True,
     dynamic_batch: bool = True,
+    tensor_parallel: TensorParallelRequest | None = None,
     progress: ProgressFn | None = None,
 ) -> Profile:
     """The analytic profile of the model.py at ``path`` (module docstring).
@@ -137,7 +139,8 @@ def analytic_profile(
     ``efficiency``: ``"matmul=0.6,memory=0.8"`` over the GPU's defaults; ``threads``: for
     the ``cpu`` entry's measured peaks; ``twins=False`` counts every layer on its own;
     ``dynamic_batch=False`` exports the model once per microbatch size (as the measured
-    profiler does) instead of once for all.
+    profiler does) instead of once for all. ``tensor_parallel``: the degrees whose shards
+    are counted too (:mod:`planner.profile.shard_count`).
 
     Example::
 
@@ -149,7 +152,7 @@ def analytic_profile(
         dynamic_batch=dynamic_batch,
     )  # fmt: skip
     user = load_model_file(path)
-    return _profile(user, sizes, settings, split_at, progress)
+    return _profile(user, sizes, settings, split_at, progress, tensor_parallel)
 
 
 def _profile(
@@ -158,6 +161,7 @@ def _profile(
     settings: AnalyticSettings,
     split_at: str | None,
     progress: ProgressFn | None,
+    tensor_parallel: TensorParallelRequest | None = None,
 ) -> Profile:
     import torch
 
@@ -167,12 +171,15 @@ def _profile(
     from planner.profile.tied import find_tied_parameters
 
     started = time.perf_counter()
+    mode = fake_mode()
+    model = build_fake(user, mode)
+    plan_source = None
+    if tensor_parallel is not None:  # every setting checked before anything is counted
+        plan_source = check_request(user, model, tensor_parallel, split_at)
     spec = settings.gpu
     if spec.measure:
         spec = measure_cpu(spec, settings.threads, settings.precision)
     roofline = Roofline(spec, settings.efficiency)
-    mode = fake_mode()
-    model = build_fake(user, mode)
     counter = _Counter(user, model, mode, roofline, settings, split_at)
     if settings.dynamic_batch:
         counter.capture_once(sizes)
@@ -185,7 +192,7 @@ def _profile(
     split = counter.first_split
     assert split is not None
     layers = _layers(split, settings, roofline)
-    return Profile(
+    profile = Profile(
         model=user.name,
         layers=layers,
         measurements=measurements,
@@ -198,6 +205,39 @@ def _profile(
         meta=_meta(spec, settings, split, split_at, counter, time.perf_counter() - started),
         tied_parameters=find_tied_parameters(split),
     )
+    if tensor_parallel is not None and plan_source is not None:
+        _count_shards(user, profile, tensor_parallel, plan_source, settings, roofline, split_at)
+        profile.meta["wall_seconds"] = round(time.perf_counter() - started, 2)
+    return profile
+
+
+def _count_shards(
+    user: UserModel,
+    profile: Profile,
+    request: TensorParallelRequest,
+    plan_source: str,
+    settings: AnalyticSettings,
+    roofline: Any,
+    split_at: str | None,
+) -> None:
+    """The tensor-parallel entries (:mod:`planner.profile.shard_count`), the optimizer
+    step of a shard timed as a layer's (:data:`STEP_TRAFFIC`)."""
+    from planner.profile.shard_count import count_shards
+
+    bandwidth = roofline.gpu.memory_bytes_per_s * roofline.efficiency.memory
+    count_shards(
+        user,
+        profile,
+        request,
+        roofline,
+        precision=settings.precision,
+        split_at=split_at,
+        step_ms=lambda size: STEP_TRAFFIC[settings.optimizer] * size / bandwidth * 1e3,
+        optimizer=settings.optimizer,
+        dynamic_batch=settings.dynamic_batch,
+        twins=settings.twins,
+    )
+    profile.tensor_parallel = request.info(plan_source)
 
 
 class _Counter:
