@@ -212,10 +212,10 @@ def settled(value: Any) -> Any:
 
         values = settled(layer(*values))
     """
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor
 
     if isinstance(value, AsyncCollectiveTensor):
-        return value.wait()
+        return wait_tensor(value)  # differentiable, unlike value.wait()
     if isinstance(value, tuple | list):
         return type(value)(settled(v) for v in value)
     if isinstance(value, dict):  # in place: a Hugging Face ModelOutput keeps its type
