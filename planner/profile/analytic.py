@@ -206,7 +206,9 @@ def _profile(
         tied_parameters=find_tied_parameters(split),
     )
     if tensor_parallel is not None and plan_source is not None:
-        _count_shards(user, profile, tensor_parallel, plan_source, settings, roofline, split_at)
+        _count_shards(
+            user, profile, tensor_parallel, plan_source, settings, roofline, split_at, counter
+        )
         profile.meta["wall_seconds"] = round(time.perf_counter() - started, 2)
     return profile
 
@@ -219,9 +221,11 @@ def _count_shards(
     settings: AnalyticSettings,
     roofline: Any,
     split_at: str | None,
+    counter: _Counter,
 ) -> None:
     """The tensor-parallel entries (:mod:`planner.profile.shard_count`), the optimizer
-    step of a shard timed as a layer's (:data:`STEP_TRAFFIC`)."""
+    step of a shard timed as a layer's (:data:`STEP_TRAFFIC`), twins where the unsharded
+    layers are twins."""
     from planner.profile.shard_count import count_shards
 
     bandwidth = roofline.gpu.memory_bytes_per_s * roofline.efficiency.memory
@@ -235,7 +239,7 @@ def _count_shards(
         step_ms=lambda size: STEP_TRAFFIC[settings.optimizer] * size / bandwidth * 1e3,
         optimizer=settings.optimizer,
         dynamic_batch=settings.dynamic_batch,
-        twins=settings.twins,
+        twins=counter.signatures if settings.twins else None,
     )
     profile.tensor_parallel = request.info(plan_source)
 
@@ -261,6 +265,8 @@ class _Counter:
         self.first_split: Any = None
         self.counted = 0  # layers counted
         self.reused = 0  # layers that took a twin's counts
+        # per size, each layer's twin signature (None: unique): the shards' twins are these
+        self.signatures: dict[int, list[Hashable | None]] = {}
         self.dynamic = False  # one export with a symbolic batch size served every size
 
     def capture_once(self, sizes: list[int]) -> None:
@@ -301,9 +307,12 @@ class _Counter:
             values: Any = split.flat_inputs(inputs)
             timings = []
             cache: dict[Hashable, tuple[Any, Any]] = {}
+            signatures = self.signatures.setdefault(size, [])
             for k, layer in enumerate(split.layers):
                 last = k == split.num_layers - 1
-                count, values = self._count(layer, values, targets if last else None, cache)
+                count, values = self._count(
+                    layer, values, targets if last else None, cache, signatures
+                )
                 timings.append(_timing(count))
         return Measurement(size, tensor_bytes(inputs), timings)
 
@@ -329,7 +338,12 @@ class _Counter:
         return split
 
     def _count(
-        self, layer: Any, values: Any, targets: Any, cache: dict[Hashable, tuple[Any, Any]]
+        self,
+        layer: Any,
+        values: Any,
+        targets: Any,
+        cache: dict[Hashable, tuple[Any, Any]],
+        signatures: list[Hashable | None],
     ) -> tuple[Any, Any]:
         from planner.profile.layer_count import count_layer
         from planner.profile.twins import layer_signature
@@ -338,6 +352,7 @@ class _Counter:
         if targets is not None:
             loss = lambda out: self.user.loss(out, targets)  # noqa: E731
         signature = layer_signature(layer, values) if self.settings.twins and loss is None else None
+        signatures.append(signature)
         if signature is not None and signature in cache:
             self.reused += 1
             return cache[signature]

@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,9 +32,11 @@ from planner.profile.roofline import OpCounter, Roofline
 from planner.profile.schema import Profile
 from planner.profile.sharding import Collective, ShardTiming, shard_key
 from planner.profile.tensor_parallel import (
+    Captured,
     Shard,
     TensorParallelRequest,
-    build_shard,
+    capture_for_plan,
+    shard_captured,
     shard_params,
 )
 
@@ -73,44 +75,35 @@ def count_shards(
     step_ms: Callable[[int], float],
     optimizer: str = "adam",
     dynamic_batch: bool = True,
-    twins: bool = True,
+    twins: dict[int, list[Hashable | None]] | None = None,
 ) -> dict[tuple[str, int], list[ShardCount]]:
     """Fill ``profile``'s ``sharded`` entries for every setting of ``request`` (module
     docstring); returns the counts by ``(key, microbatch size)``, one per layer.
     ``step_ms(param_bytes)`` is the optimizer step's time for a shard's parameters.
+    ``twins``: per size, each unsharded layer's twin signature
+    (:func:`~planner.profile.twins.layer_signature`, None: unique): two layers are counted
+    once where those are equal and the plan splits them alike (None: every layer counted).
 
     Example::
 
         count_shards(user, profile, TensorParallelRequest((8,)), roofline, precision="bf16",
                      split_at=None, step_ms=lambda b: 8 * b / 3e12 * 1e3)
     """
-    from planner.profile.fake_model import build_fake, fake_batch, fake_mode
-
     sizes = profile.microbatch_sizes
-    names = [layer.name for layer in profile.layers]
     out: dict[tuple[str, int], list[ShardCount]] = {}
+    captured: dict[bool, tuple[Captured, Any, list[Any]]] = {}
     for degree, sp in request.settings():
         key = shard_key(degree, sequence_parallel=sp)
-        mode = fake_mode()
-        model = build_fake(user, mode)
+        if sp not in captured:  # one capture per plan serves every degree
+            captured[sp] = _capture(user, profile, sp, split_at, dynamic_batch)
+        plain_capture, mode, batches = captured[sp]
         with fake_group(degree, "cpu") as mesh:
-            batches = [fake_batch(user, size, mode) for size in sizes]
             with mode:
-                shard = build_shard(
-                    user,
-                    model,
-                    [inputs for inputs, _ in batches],
-                    mesh,
-                    degree=degree,
-                    sequence_parallel=sp,
-                    split_at=split_at,
-                    capture=str(profile.meta.get("capture") or "fx"),
-                    names=names,
-                    dynamic_batch=dynamic_batch,
-                )
-            counter = _ShardCounter(user, shard, mode, roofline, precision, twins)
+                shard = shard_captured(plain_capture, mesh, degree, copy=True)
+            counter = _ShardCounter(user, shard, mode, roofline, precision)
             for size, split, (inputs, targets) in zip(sizes, shard.splits, batches, strict=True):
-                out[(key, size)] = counter.count(split, inputs, targets)
+                plain = (twins or {}).get(size) or [None] * split.num_layers
+                out[(key, size)] = counter.count(split, inputs, targets, plain)
             if not sp:
                 for layer, params in zip(
                     profile.layers, shard_params(shard.splits[0], optimizer), strict=True
@@ -123,28 +116,48 @@ def count_shards(
     return out
 
 
+def _capture(
+    user: UserModel, profile: Profile, sp: bool, split_at: str | None, dynamic_batch: bool
+) -> tuple[Captured, Any, list[Any]]:
+    """The model built without weights and captured for its plan at every size, its fake
+    mode and fake batches."""
+    from planner.profile.fake_model import build_fake, fake_batch, fake_mode
+
+    mode = fake_mode()
+    model = build_fake(user, mode)
+    batches = [fake_batch(user, size, mode) for size in profile.microbatch_sizes]
+    with mode:
+        captured = capture_for_plan(
+            user,
+            model,
+            [inputs for inputs, _ in batches],
+            sequence_parallel=sp,
+            split_at=split_at,
+            capture=str(profile.meta.get("capture") or "fx"),
+            names=[layer.name for layer in profile.layers],
+            dynamic_batch=dynamic_batch,
+        )
+    return captured, mode, batches
+
+
 class _ShardCounter:
-    """Counts the layers of one shard at each size, twins once (with their plan's styles
-    part of the comparison: two layers split differently are no twins)."""
+    """Counts the layers of one shard at each size, twins once: layers whose unsharded
+    forms are twins (their inlined graphs compared, which a module call hides), that the
+    plan splits alike and that get values of the same shapes."""
 
     def __init__(
-        self,
-        user: UserModel,
-        shard: Shard,
-        mode: Any,
-        roofline: Roofline,
-        precision: str,
-        twins: bool,
+        self, user: UserModel, shard: Shard, mode: Any, roofline: Roofline, precision: str
     ):
         self.user = user
         self.shard = shard
         self.mode = mode
         self.roofline = roofline
         self.precision = precision
-        self.twins = twins
 
-    def count(self, split: Any, inputs: Any, targets: Any) -> list[ShardCount]:
-        from planner.profile.twins import layer_signature
+    def count(
+        self, split: Any, inputs: Any, targets: Any, plain: Sequence[Hashable | None]
+    ) -> list[ShardCount]:
+        from planner.profile.twins import values_signature
 
         cache: dict[Hashable, tuple[ShardCount, Any]] = {}
         counts = []
@@ -154,10 +167,9 @@ class _ShardCounter:
                 last = k == split.num_layers - 1
                 inner = getattr(layer, "layer", layer)  # a SettledLayer's own layer
                 signature = None
-                if self.twins and not last:
-                    found = layer_signature(inner, values)
-                    if found is not None:
-                        signature = (found, self._styles(inner))
+                entering = values_signature(values)
+                if plain[k] is not None and entering is not None and not last:
+                    signature = (plain[k], self._styles(inner), entering)
                 if signature is not None and signature in cache:
                     counted, values = cache[signature]
                 else:

@@ -46,9 +46,12 @@ from planner.profile.pass_timing import ModelPasses
 from planner.profile.schema import LayerTiming, Profile
 from planner.profile.sharding import Collective, ShardTiming, shard_key
 from planner.profile.tensor_parallel import (
+    Captured,
+    Shard,
     TensorParallelRequest,
-    build_shard,
+    capture_for_plan,
     check_request,
+    shard_captured,
     shard_params,
 )
 from planner.tensors import detach, tensors, to_device
@@ -125,45 +128,57 @@ def measure_shards(
         torch.set_num_threads(threads)
     try:
         todo = request.settings()
+        captured: dict[bool, Captured] = {}
         for done, (degree, sp) in enumerate(todo):
             if progress is not None:
                 progress(done, len(todo), f"shards {shard_key(degree, sequence_parallel=sp)}")
+            if sp not in captured:  # one capture per plan serves every degree
+                captured[sp] = _capture(user, profile, sp, settings, split_at)
             with fake_group(degree, torch_device.type) as mesh:
-                _measure_setting(user, profile, mesh, degree, sp, settings, optimizer, split_at)
+                shard = shard_captured(captured[sp], mesh, degree, copy=True)
+                _measure_setting(user, profile, shard, degree, sp, settings, optimizer)
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _measure_setting(
+def _capture(
     user: UserModel,
     profile: Profile,
-    mesh: Any,
-    degree: int,
     sequence_parallel: bool,
     settings: _Settings,
-    optimizer: str,
     split_at: str | None,
-) -> None:
+) -> Captured:
+    """The model built as for the plain profile and captured for its plan at every size."""
     import torch
 
     torch.manual_seed(0)
     model = user.build().to(settings.device)
     model.train()
-    batches = []
-    for size in profile.microbatch_sizes:
-        inputs, targets = user.batch(size)
-        batches.append((to_device(inputs, settings.device), to_device(targets, settings.device)))
-    shard = build_shard(
+    inputs = [to_device(user.batch(size)[0], settings.device) for size in profile.microbatch_sizes]
+    return capture_for_plan(
         user,
         model,
-        [inputs for inputs, _ in batches],
-        mesh,
-        degree=degree,
+        inputs,
         sequence_parallel=sequence_parallel,
         split_at=split_at,
         capture=str(profile.meta.get("capture") or "fx"),
         names=[layer.name for layer in profile.layers],
     )
+
+
+def _measure_setting(
+    user: UserModel,
+    profile: Profile,
+    shard: Shard,
+    degree: int,
+    sequence_parallel: bool,
+    settings: _Settings,
+    optimizer: str,
+) -> None:
+    batches = []
+    for size in profile.microbatch_sizes:
+        inputs, targets = user.batch(size)
+        batches.append((to_device(inputs, settings.device), to_device(targets, settings.device)))
     prepared: list[_PreparedSize] = []
     logs: list[list[tuple[Collective, ...]]] = []
     for size, split, (inputs, targets) in zip(

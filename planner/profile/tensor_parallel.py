@@ -5,12 +5,15 @@ profile holds one rank's shard of every layer (:mod:`planner.profile.sharding`).
 built the way a run builds it, so that what is measured is what runs:
 
 1. the model is built (seeded as for the plain profile) and its plan read
-   (:func:`~planner.profile.tp_plan.tensor_parallel_plan`) and checked against ``t``;
+   (:func:`~planner.profile.tp_plan.tensor_parallel_plan`);
 2. it is captured and split by the plain profile's own code, the modules holding the plan's
    modules kept as module calls in an exported graph (torch.fx calls them anyway), so the
-   layers, their names and split points are the plain profile's;
-3. then torch's ``parallelize_module`` applies the plan on a ``t``-way device mesh: the
-   layers call the very modules it sharded and hooked.
+   layers, their names and split points are the plain profile's
+   (:func:`capture_for_plan`);
+3. then, the plan checked against ``t``, torch's ``parallelize_module`` applies it on a
+   ``t``-way device mesh: the layers call the very modules it sharded and hooked
+   (:func:`shard_captured`; the profilers shard a deep copy per degree, so one capture
+   serves every degree).
 
 :func:`build_shard` does 1-3 for any mesh: the profiler's fake one
 (:mod:`planner.profile.fake_group`) or a run's real process group.
@@ -48,11 +51,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_DEGREES",
+    "Captured",
     "Shard",
     "TensorParallelRequest",
     "build_shard",
+    "capture_for_plan",
     "check_request",
     "parse_tensor_parallel",
+    "shard_captured",
     "shard_params",
 ]
 
@@ -152,6 +158,18 @@ class Shard:
     splits: list[Any]  # SplitModel per size
 
 
+@dataclass
+class Captured:
+    """A model captured and split for a plan, not yet sharded: what every degree shards
+    (a copy of it each, :func:`shard_captured`)."""
+
+    user: UserModel
+    model: Any  # nn.Module
+    plan: TensorParallelPlan
+    points: list[str]
+    splits: list[Any]  # SplitModel per size
+
+
 def build_shard(
     user: UserModel,
     model: nn.Module,
@@ -163,12 +181,10 @@ def build_shard(
     split_at: str | None,
     capture: str,
     names: Sequence[str] | None = None,
-    dynamic_batch: bool = False,
 ) -> Shard:
     """Capture and split ``model`` on each of ``inputs`` (one per microbatch size), then
     shard it on ``mesh`` with torch's ``parallelize_module`` (module docstring). ``names``:
-    the plain profile's layers, which the shard's must equal. ``dynamic_batch``: one export
-    for every size where torch allows it (as the analytic profiler captures).
+    the plain profile's layers, which the shard's must equal.
 
     Example::
 
@@ -176,14 +192,36 @@ def build_shard(
                             capture="export")
         shard.splits[0].stage(0, 2)      # rank 0's first three layers, sharded
     """
-    from torch.distributed.tensor.parallel import parallelize_module
+    captured = capture_for_plan(
+        user, model, inputs, sequence_parallel=sequence_parallel, split_at=split_at,
+        capture=capture, names=names,
+    )  # fmt: skip
+    return shard_captured(captured, mesh, degree)
 
-    from planner.profile.collective_log import SettledLayer
+
+def capture_for_plan(
+    user: UserModel,
+    model: nn.Module,
+    inputs: Sequence[Any],
+    *,
+    sequence_parallel: bool = False,
+    split_at: str | None,
+    capture: str,
+    names: Sequence[str] | None = None,
+    dynamic_batch: bool = False,
+) -> Captured:
+    """Steps 1-2 of the module docstring: ``model``'s plan read, the model captured and
+    split on each of ``inputs`` with the plan's modules kept as calls. ``dynamic_batch``:
+    one export for every size where torch allows it (as the analytic profiler captures).
+
+    Example::
+
+        captured = capture_for_plan(user, model, [inputs], split_at=None, capture="fx")
+    """
     from planner.profile.split import capture_model, discover_split_points
 
     plan = tensor_parallel_plan(user, model, sequence_parallel=sequence_parallel)
     points = discover_split_points(model, split_at)
-    check_degree(plan, model, degree, points, file=str(user.path))
     calls = layer_modules(plan, points)
     once = None
     if dynamic_batch and len(inputs) > 1 and capture != "fx":
@@ -215,6 +253,32 @@ def build_shard(
                 field="--tensor-parallel",
             )
         splits.append(split)
+    return Captured(user, model, plan, points, splits)
+
+
+def shard_captured(captured: Captured, mesh: Any, degree: int, *, copy: bool = False) -> Shard:
+    """Step 3: the captured model sharded on ``mesh`` with torch's ``parallelize_module``
+    (``copy``: a deep copy of the model and its splits, which share its modules, so that
+    ``captured`` serves the next degree too); each layer's outputs waited for
+    (:class:`~planner.profile.collective_log.SettledLayer`).
+
+    Example::
+
+        shard = shard_captured(captured, mesh, 4, copy=True)
+    """
+    import copy as copying
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from planner.profile.collective_log import SettledLayer
+
+    model, splits = captured.model, captured.splits
+    check_degree(captured.plan, model, degree, captured.points, file=str(captured.user.path))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)  # copying a pytree spec
+        if copy:
+            model, splits = copying.deepcopy((model, splits))
+    plan = captured.plan  # module names and styles: the same for the copy
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
         parallelize_module(model, mesh, dict(plan.styles))

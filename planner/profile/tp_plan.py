@@ -125,7 +125,7 @@ def tensor_parallel_plan(
             raise InputError(
                 "defines no tp_plan() and the model declares no tensor-parallel plan of its "
                 "own (a Hugging Face base_model_tp_plan); nothing says which weights split "
-                "(docs/profile.md#tensor-parallel-shards)",
+                "(docs/profile.md#tensor-parallel-shards---tensor-parallel)",
                 file=str(user.path),
                 field="--tensor-parallel",
             )
@@ -133,7 +133,7 @@ def tensor_parallel_plan(
             raise InputError(
                 "the Hugging Face plan (base_model_tp_plan) has no sequence-parallel form; "
                 "give one from tp_plan(sequence_parallel) in model.py "
-                "(docs/profile.md#tensor-parallel-shards)",
+                "(docs/profile.md#tensor-parallel-shards---tensor-parallel)",
                 file=str(user.path),
                 field="--sequence-parallel",
             )
