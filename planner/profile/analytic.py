@@ -45,7 +45,11 @@ from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.measure import ProgressFn, parse_microbatch_sizes
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
-from planner.profile.tensor_parallel import TensorParallelRequest, check_request
+from planner.profile.tensor_parallel import (
+    TensorParallelRequest,
+    check_readable,
+    check_request,
+)
 
 __all__ = [
     "STEP_TRAFFIC",
@@ -242,6 +246,7 @@ def _count_shards(
         twins=counter.signatures if settings.twins else None,
     )
     profile.tensor_parallel = request.info(plan_source)
+    check_readable(profile, user)
 
 
 class _Counter:

@@ -50,6 +50,7 @@ from planner.profile.tensor_parallel import (
     Shard,
     TensorParallelRequest,
     capture_for_plan,
+    check_readable,
     check_request,
     shard_captured,
     shard_params,
@@ -85,6 +86,7 @@ def profile_with_shards(
     profile = profile_model(path, microbatch_sizes, progress=progress, **options)
     measure_shards(user, profile, tensor_parallel, progress=progress, **options)
     profile.tensor_parallel = tensor_parallel.info(source)
+    check_readable(profile, user)
     return profile
 
 

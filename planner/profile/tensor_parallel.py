@@ -56,6 +56,7 @@ __all__ = [
     "TensorParallelRequest",
     "build_shard",
     "capture_for_plan",
+    "check_readable",
     "check_request",
     "parse_tensor_parallel",
     "shard_captured",
@@ -285,6 +286,20 @@ def shard_captured(captured: Captured, mesh: Any, degree: int, *, copy: bool = F
     for split in {id(s): s for s in splits}.values():
         split.layers = [SettledLayer(layer) for layer in split.layers]
     return Shard(plan, splits)
+
+
+def check_readable(profile: Any, user: UserModel) -> None:
+    """Refuse (one InputError naming the field) a profile whose shards its reader would
+    refuse: more collectives than :data:`~planner.limits.MAX_COLLECTIVES`, a number beyond
+    the limits. Nothing is written then.
+
+    Example::
+
+        check_readable(profile, user)
+    """
+    from planner.profile.schema import profile_from_dict
+
+    profile_from_dict(profile.to_dict(), source=str(user.path))
 
 
 def shard_params(split: Any, optimizer: str) -> list[ShardParams]:
