@@ -823,7 +823,9 @@ def _tensor_bytes(value: Any) -> int:
 
 
 def _storage_key(t: Any) -> tuple[str, int]:
-    # Tensors sharing one storage (views, a value saved by two ops) are counted once.
+    # Tensors sharing one storage (views, a value saved by two ops) are counted once; a
+    # tensor-parallel shard's DTensor by its local tensor (planner.profile.shard_measure).
+    t = getattr(t, "_local_tensor", t)
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
