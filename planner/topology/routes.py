@@ -163,9 +163,7 @@ class RouteTable:
         if self.tree is not None:
             row = self.bandwidth_row(devices[0])
             return min(row[k] for k in devices[1:])
-        return min(
-            self.bandwidth(a, b) for k, a in enumerate(devices) for b in devices[k + 1 :]
-        )
+        return min(self.bandwidth(a, b) for k, a in enumerate(devices) for b in devices[k + 1 :])
 
     def bandwidth_range(self) -> tuple[float, float] | None:
         """The narrowest and the widest bottleneck over device pairs (None for one device).
