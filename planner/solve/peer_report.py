@@ -28,7 +28,7 @@ from planner.solve.options import INTERLEAVED_BASE
 from planner.solve.peer_partitions import PeerPartitions, default_outcomes
 from planner.solve.peers import PeerBest, tune_peers
 from planner.solve.scored import Scored
-from planner.solve.search import Search, make_shape
+from planner.solve.search import Search, TimeUp, make_shape
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -128,7 +128,11 @@ def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: s
             if isinstance(shape, str):
                 failed.setdefault(label, shape)
                 continue
-            got = search.evaluate(shape, f"peer default {label}")
+            try:
+                got = search.evaluate(shape, f"peer default {label}")
+            except TimeUp:
+                failed.setdefault(label, "not simulated: the solve's time limit passed first")
+                continue
             if label not in defaults or got.key() < defaults[label].key():
                 defaults[label] = got
     return PeerReport(tuned, defaults, failed)

@@ -46,13 +46,19 @@ def _file_ref(path: str | None, obj: Any) -> FileRef:
 def _solver_info(
     search: Search, best: Scored, lower_bound_ms: float, seconds: float, unseeded: Scored | None
 ) -> SolverInfo:
-    """How the plan was found: methods, status, gap to the bound, the search alone."""
+    """How the plan was found: methods, status (``time limit`` where the limit stopped the
+    search), gap to the bound, the search alone."""
     c = best.shape
     lb = lower_bound_ms
     gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
+    method = "+".join(search.methods) + f" -> {best.origin}"
+    status = "optimal" if "exhaustive" in search.methods else "best found"
+    if search.cut is not None:
+        # The time limit stopped the search: the best plan simulated before it.
+        method, status = f"{method} (stopped in {search.cut})", "time limit"
     solver = SolverInfo(
-        method="+".join(search.methods) + f" -> {best.origin}",
-        status="optimal" if "exhaustive" in search.methods else "best found",
+        method=method,
+        status=status,
         seconds=round(seconds, 3),
         gap=None if gap is None else round(gap, 6),
         simulations=search.sims,

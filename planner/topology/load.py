@@ -37,9 +37,9 @@ from planner.limits import (
     MAX_DEVICES,
     MAX_LINK_COUNT,
     MAX_LINKS,
-    MAX_ROUTED_DEVICES,
     MAX_SPEED,
     MAX_TIME_MS,
+    MAX_TOPOLOGY_DEVICES,
     MIN_BANDWIDTH,
     MIN_SPEED,
     check_int,
@@ -178,11 +178,11 @@ class _Builder:
             self.graph.add_node(name)
 
     def check_device_count(self, more: int, field: str) -> None:
-        """Refuse more than :data:`MAX_ROUTED_DEVICES` devices, before they are built."""
-        if len(self.devices) + more > MAX_ROUTED_DEVICES:
+        """Refuse more than :data:`MAX_TOPOLOGY_DEVICES` devices, before they are built."""
+        if len(self.devices) + more > MAX_TOPOLOGY_DEVICES:
             raise self.fail(
-                f"{len(self.devices) + more:,} devices; pipeplan tabulates the routes between "
-                f"every pair of devices and handles at most {MAX_ROUTED_DEVICES:,}",
+                f"{len(self.devices) + more:,} devices; expected at most "
+                f"{MAX_TOPOLOGY_DEVICES:,} in one topology",
                 field,
             )
 
