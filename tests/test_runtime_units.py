@@ -82,7 +82,7 @@ def test_calibration_scales_each_stage_to_what_was_measured() -> None:
     t = out.measurements[0].layers
     assert t[0].forward_ms == pytest.approx(1.5) and t[0].backward_ms == pytest.approx(4.0)
     assert t[2].forward_ms == pytest.approx(1.0) and t[2].backward_ms == pytest.approx(2.0)
-    assert out.meta["calibrated"]["step_ms"] == 5.0
+    assert out.settings.calibrated is not None and out.settings.calibrated.step_ms == 5.0
     assert _profile().measurements[0].layers[0].forward_ms == 1.0  # the input is untouched
 
 

@@ -87,8 +87,8 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     torch.manual_seed(0)
     net = user.build()
     inputs, _ = user.batch(source.plan.microbatch_size)
-    capture = profile.meta.get("capture") or "fx"
-    split = capture_model(net, inputs, profile.meta.get("split_at"), capture=capture)
+    capture = profile.settings.capture_method
+    split = capture_model(net, inputs, profile.settings.split_at, capture=capture)
     names = [layer.name for layer in profile.layers]
     if list(split.names) != names:
         raise InputError(

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.plan_inputs import resimulate
-from planner.profile.analytic import analytic_info
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
@@ -194,16 +193,16 @@ def note_prediction_source(report: RunReport, profile: Any) -> None:
         note_prediction_source(report, load_profile("profiles/gpt-h100.json"))
         report.prediction_source     # 'analytic (h100-sxm)'
     """
-    info = analytic_info(profile)
+    info = profile.settings.analytic
     if info is None:
         report.prediction_source = "measured"
         return
-    gpu = info.get("gpu", {}).get("name", "?")
-    if profile.meta.get("calibrated"):  # --calibrate scaled its times to a run's
+    gpu = info.gpu.name
+    if profile.settings.calibrated is not None:  # --calibrate scaled its times to a run's
         report.prediction_source = f"analytic ({gpu}), calibrated by a run"
         return
     report.prediction_source = f"analytic ({gpu})"
-    efficiency = ", ".join(f"{k} {v:g}" for k, v in dict(info.get("efficiency", {})).items())
+    efficiency = ", ".join(f"{k} {v:g}" for k, v in info.efficiency.to_dict().items())
     report.notes = [
         *report.notes,
         f"the prediction is analytic: its per-layer times are a roofline of {gpu}'s peaks "

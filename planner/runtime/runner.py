@@ -154,10 +154,10 @@ def check_plan(
             )
         settings.profile, settings.profile_path = profile, str(found)
         settings.optimizer = profile.optimizer
-        settings.split_at = profile.meta.get("split_at")
-        settings.capture = profile.meta.get("capture") or "fx"  # older profiles: fx only
+        settings.split_at = profile.settings.split_at
+        settings.capture = profile.settings.capture_method
         settings.precision = profile.precision
-        settings.threads = profile.meta.get("threads")
+        settings.threads = profile.settings.threads
         settings.layer_names = [layer.name for layer in profile.layers]
     return settings
 
