@@ -58,6 +58,7 @@ from planner.limits import (
 
 __all__ = [
     "NAME",
+    "EMPTY_IS_NONE",
     "ByteCount",
     "Default",
     "Milliseconds",
@@ -206,6 +207,11 @@ class Default:
     value: Any
 
 
+EMPTY_IS_NONE = "empty object is None"
+"""Marks an optional record field whose file may write "none" as ``{}``
+(``Annotated[Prediction | None, EMPTY_IS_NONE]``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Length:
     """How many entries a list may hold (``Annotated[list[T], Length(1, MAX_LAYERS)]``)."""
@@ -265,10 +271,11 @@ def _join(field: str, key: str) -> str:
 
 
 def _at(exc: InputError, file: str | None, field: str) -> InputError:
-    """``exc`` (raised by a kind, without a place) named at ``file`` and ``field``."""
-    if exc.field or exc.file:
+    """``exc`` (raised by a kind) named at ``file`` and ``field`` where it names neither (a
+    kind that reads a whole part names the field inside it itself)."""
+    if exc.field and exc.file:
         return exc
-    return InputError(exc.message, file=file, field=field or None)
+    return InputError(exc.message, file=exc.file or file, field=exc.field or field or None)
 
 
 class _Reader:
@@ -311,12 +318,14 @@ _PLAIN: dict[Any, _Reader] = {
 
 
 class _Optional(_Reader):
-    def __init__(self, inner: _Reader) -> None:
-        self.inner = inner
+    def __init__(self, inner: _Reader, *, empty_is_none: bool = False) -> None:
+        self.inner, self.empty_is_none = inner, empty_is_none
         self.expected = f"{inner.expected} (or null)"
 
     def read(self, value: Any, field: str, file: str | None) -> Any:
-        return None if value is None else self.inner.read(value, field, file)
+        if value is None or (self.empty_is_none and value == {}):
+            return None
+        return self.inner.read(value, field, file)
 
 
 class _List(_Reader):
@@ -413,9 +422,9 @@ class _Record(_Reader):
             required = required and default is _MISSING
             self.fields.append(_Field(f.name, _reader(tp), required, _allows_none(tp), default))
         self.keys = frozenset(f.name for f in self.fields)
-        names = [f.name for f in self.fields if f.required]
-        more = ", ..." if len(names) < len(self.fields) else ""
-        self.expected = f"an object {{{', '.join(names)}{more}}}"
+        names = [f.name for f in self.fields]
+        more = ", ..." if len(names) > 4 else ""
+        self.expected = f"an object {{{', '.join(names[:4])}{more}}}"
 
     def read(
         self, data: Any, field: str, file: str | None, ignore: frozenset[str] = frozenset()
@@ -498,6 +507,10 @@ def _reader(tp: Any) -> _Reader:
             return _Leaf(kinds[0])
         length = next((m for m in marks if isinstance(m, Length)), None)
         keys = next((m for m in marks if isinstance(m, Keys)), None)
+        if EMPTY_IS_NONE in marks:
+            reader = _reader(inner)
+            assert isinstance(reader, _Optional), f"{EMPTY_IS_NONE} marks an optional field"
+            return _Optional(reader.inner, empty_is_none=True)
         if length is None and keys is None:
             return _reader(inner)
         return _container(inner, length or Length(), keys)

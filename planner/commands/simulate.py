@@ -390,8 +390,6 @@ def simulate_command(
         got.profile, got.topology, specs, got.schedule, got.microbatches, got.microbatch_size,
         virtual_stages=virtual_stages, step_ms=step_ms,
     )  # fmt: skip
-    if step_ms is not None:  # show re-simulates with the same override
-        result.schedule.meta["step_ms"] = step_ms
     if output is not None:
         outs.write_json(output, _plan_data(result, got, output))
     _emit(result, specs, outs, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt)
@@ -421,6 +419,7 @@ def _plan_data(result: Any, got: _Resolved, output: Path) -> dict[str, Any]:
         got.stages,
         profile=_file_ref(got.profile_path, output),
         topology=FileRef(None) if topo is None else _file_ref(topo, output),
+        step_ms=got.step_ms,  # show re-simulates with the same override
     ).to_dict()
 
 

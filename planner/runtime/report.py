@@ -252,9 +252,7 @@ def build_report(
     pred = plan.predicted
     predicted = pred.iteration_ms if pred is not None else None
     step = max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0)
-    step_predicted = bool(pred is not None and pred.step_ms) or bool(
-        plan.schedule.meta.get("step_ms")
-    )
+    step_predicted = bool(pred is not None and pred.step_ms) or bool(plan.step_ms)
     warning = batch_dependence_warning(ranks[0].get("batch_dependent") or [])
     if warning is not None:  # the model's result depends on the microbatch size
         notes = [*notes, f"warning: {warning}"]
