@@ -214,10 +214,12 @@ EMPTY_IS_NONE = "empty object is None"
 
 @dataclasses.dataclass(frozen=True)
 class Length:
-    """How many entries a list may hold (``Annotated[list[T], Length(1, MAX_LAYERS)]``)."""
+    """How many entries a list may hold (``Annotated[list[T], Length(1, MAX_LAYERS,
+    "layer")]``); ``noun`` names one entry in messages."""
 
     low: int = 0
     high: int | None = None
+    noun: str = "entry"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,14 +333,19 @@ class _Optional(_Reader):
 class _List(_Reader):
     def __init__(self, item: _Reader, length: Length, *, as_tuple: bool) -> None:
         self.item, self.length, self.as_tuple = item, length, as_tuple
-        self.expected = f"a list of {item.expected}"
+        if isinstance(item, _Record):
+            self.expected = f"a list of objects {item.expected.removeprefix('an object ')}"
+        else:
+            self.expected = f"a list of {item.expected}"
 
     def read(self, value: Any, field: str, file: str | None) -> Any:
         if not isinstance(value, list):
             raise InputError(f"expected a list, got {short_repr(value)}", file=file, field=field)
         low, high = self.length.low, self.length.high
         if len(value) < low:
-            what = "one entry" if low == 1 else f"{low:,} entries"
+            noun = self.length.noun
+            plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+            what = f"one {noun}" if low == 1 else f"{low:,} {plural}"
             raise InputError(f"expected at least {what}", file=file, field=field)
         if high is not None and len(value) > high:
             raise InputError(

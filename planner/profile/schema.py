@@ -379,8 +379,8 @@ class _TiedEntry:
 class _ProfileFile:
     """The top level of a profile file (beside ``schema``), with its defaults."""
 
-    layers: Annotated[list[Layer], Length(1, MAX_LAYERS)]
-    measurements: Annotated[list[Measurement], Length(1)]
+    layers: Annotated[list[Layer], Length(1, MAX_LAYERS, "layer")]
+    measurements: Annotated[list[Measurement], Length(1, noun="microbatch size")]
     model: Name = "model"
     source_sha256: Annotated[str, Text()] | None = None
     device: Annotated[str, Text()] = "cpu"
