@@ -72,6 +72,7 @@ __all__ = [
     "Text",
     "known_fields",
     "read_record",
+    "record_dict",
     "read_value",
 ]
 
@@ -263,6 +264,37 @@ def known_fields(cls: type) -> list[str]:
         known_fields(FileRef)     # ['path', 'sha256']
     """
     return [f.name for f in _record(cls).fields]
+
+
+def record_dict(record: Any) -> dict[str, Any]:
+    """A record as the JSON object :func:`read_record` reads back: every field by name
+    (nested records as objects, tuples as lists, a part with a ``to_dict`` by it), the keys
+    of ``extra`` merged in.
+
+    Example::
+
+        record_dict(Placement(["a"], {"a": 0}, 1, "cpu"))["rank_of"]    # {'a': 0}
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name == "extra":
+            out.update(value)
+        elif f.init:
+            out[f.name] = _plain_value(value)
+    return out
+
+
+def _plain_value(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return record_dict(value)
+    if isinstance(value, list | tuple):
+        return [_plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain_value(v) for k, v in value.items()}
+    return value
 
 
 # ------------------------------------------------------------------------- readers

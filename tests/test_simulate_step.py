@@ -115,20 +115,19 @@ def _report_notes(step_ms: list[float] | None, given_step_ms: float | None = Non
     from types import SimpleNamespace
 
     from planner.plan import FileRef, Plan, Prediction
+    from planner.runtime.measured import RankResult, RunResult
     from planner.runtime.report import build_report
     from planner.schedule import build_schedule
 
-    rank = {
-        "rank": 0,
-        "step_seconds": [0.05],
-        "losses": [[1.0]],
-        "devices": ["cpu0"],
-        "torch_device": "cpu",
-        "peak_memory_bytes": 1,
-        "stage_ms": {"F0": 10.0, "STEP0": 12.0},
-        "events": [],
-        "memory_kind": "rss",
-    }
+    rank = RankResult(
+        rank=0,
+        devices=["cpu0"],
+        torch_device="cpu",
+        step_seconds=[0.05],
+        losses=[[1.0]],
+        stage_ms={"F0": 10.0, "STEP0": 12.0},
+        peak_memory_bytes=1,
+    )
     stages = parse_stages("0:cpu0")
     schedule = build_schedule("1f1b", stages, 1)
     predicted = Prediction(40.0, 25.0, 0.0, 40.0, {}, {}, step_ms=step_ms)
@@ -137,7 +136,7 @@ def _report_notes(step_ms: list[float] | None, given_step_ms: float | None = Non
     placement = SimpleNamespace(
         device_type="cpu", backend="gloo", world_size=1, shared=False, microbatch_size=1
     )
-    report = build_report({"ranks": [rank]}, plan=plan, placement=placement, steps=1, warmup=0,
+    report = build_report(RunResult([rank]), plan=plan, placement=placement, steps=1, warmup=0,
                           notes=[])  # fmt: skip
     return report.notes
 

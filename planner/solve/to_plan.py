@@ -90,6 +90,7 @@ def to_plan(
     """
     c = best.shape
     topo = search.topology
+    assert best.result is not None  # the plan found was simulated
     lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
     return plan_from_simulation(
         best.result,
