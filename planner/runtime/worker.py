@@ -512,9 +512,11 @@ def _gather(
     return out
 
 
-def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, bool]:
+def stream_2bw(
+    schedule: Any, stages: Any, num_microbatches: int, iterations: int
+) -> tuple[Any, bool]:
     """A schedule without a flush: when the plan's lists are its generator's, run its
-    continuous stream of ``total`` iterations (iteration i+1 starts while i drains), as 2BW
+    continuous stream of ``iterations`` iterations (iteration i+1 starts while i drains), as 2BW
     does (:func:`planner.schedule.as_stream`).
 
     Returns ``(device action lists, True)``, or the plan's own lists and False.
@@ -523,37 +525,37 @@ def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, boo
 
         actions, stream = stream_2bw(schedule, plan.stages, plan.num_microbatches, 10)
     """
-    stream = as_stream(schedule, stages, total)
+    stream = as_stream(schedule, stages, iterations)
     if stream is None:
         return schedule.devices, False  # a hand-made order: run it as given, step by step
     return stream.devices, True
 
 
 def _split_stream(
-    result: Any, m: int, warmup: int, total: int
+    result: Any, num_microbatches: int, warmup: int, iterations: int
 ) -> tuple[list[float], list[list[float]], dict[str, list[float]], list[MeasuredEvent]]:
     """Per-iteration figures of one 2bw stream: an iteration ends with this rank's last STEP
     of it; the measured events are those of the last iteration."""
-    ends = [0.0] * total
+    ends = [0.0] * iterations
     for ev in result.events:
         if ev.kind == "STEP":
             ends[ev.iteration] = max(ends[ev.iteration], ev.end_ms)
-    for i in range(1, total):
+    for i in range(1, iterations):
         ends[i] = max(ends[i], ends[i - 1])
     bounds = [0.0, *ends]
-    seconds = [(bounds[i + 1] - bounds[i]) / 1e3 for i in range(warmup, total)]
-    losses: list[list[float]] = [[] for _ in range(total)]
+    seconds = [(bounds[i + 1] - bounds[i]) / 1e3 for i in range(warmup, iterations)]
+    losses: list[list[float]] = [[] for _ in range(iterations)]
     for k, value in zip(result.loss_microbatches, result.losses, strict=True):
-        losses[k // m].append(value)
+        losses[k // num_microbatches].append(value)
 
     def iteration(ev: Any) -> int:
-        return ev.microbatch // m if ev.microbatch >= 0 else ev.iteration
+        return ev.microbatch // num_microbatches if ev.microbatch >= 0 else ev.iteration
 
     samples: dict[str, list[float]] = {}
     for ev in result.events:
         if iteration(ev) >= warmup:
             samples.setdefault(f"{ev.kind}{ev.stage}", []).append(ev.end_ms - ev.start_ms)
-    last = [ev for ev in result.events if iteration(ev) == total - 1]
+    last = [ev for ev in result.events if iteration(ev) == iterations - 1]
     t0 = min((ev.start_ms for ev in last), default=0.0)
     events = [
         dataclasses.replace(ev, start_ms=ev.start_ms - t0, end_ms=ev.end_ms - t0) for ev in last
