@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -37,7 +38,16 @@ from planner.cost import synthetic_profile
 from planner.datafile import decode_json, decode_yaml
 from planner.plan import StageSpec, plan_from_dict, plan_from_simulation
 from planner.plan_parts import FileRef
-from planner.profile.schema import profile_from_dict
+from planner.profile.schema import LayerTiming, profile_from_dict
+from planner.profile.sharding import (
+    PHASES,
+    TIMING_NAMES,
+    Collective,
+    ShardParams,
+    ShardTiming,
+    TensorParallelInfo,
+    shard_key,
+)
 from planner.simulate import simulate
 from planner.topology.cluster import cluster_dict, cluster_yaml
 from planner.topology.load import topology_from_dict
@@ -48,6 +58,18 @@ SIZES = (1, 2, 4)
 DEGREES = (2, 4, 8)
 
 
+def _shard(timing: LayerTiming, degree: int, sp: bool) -> ShardTiming:
+    """One rank's shard: the layer's times over ``degree``, Megatron's collectives."""
+    out = timing.output_bytes
+    ops = ("reduce_scatter", "all_gather") if sp else ("all_reduce",)
+    return ShardTiming(
+        *(getattr(timing, name) / degree for name in TIMING_NAMES),
+        output_bytes=out // degree if sp else out,
+        saved_bytes=timing.saved_bytes // degree,
+        collectives=tuple(Collective(op, out, phase) for phase in PHASES for op in ops),
+    )
+
+
 def profile_data() -> dict[str, Any]:
     """The profile described in the module docstring, as its JSON object.
 
@@ -55,49 +77,26 @@ def profile_data() -> dict[str, Any]:
 
         len(profile_data()["layers"])   # 126
     """
-    data = synthetic_profile(LAYERS, output_bytes=1 << 24, saved_bytes=1 << 26).to_dict()
-    base = data["measurements"][0]
-    data["measurements"] = []
-    for size in SIZES:
-        m = copy.deepcopy(base)
-        m["microbatch_size"] = size
-        data["measurements"].append(m)
-    data["tensor_parallel"] = {
-        "degrees": list(DEGREES),
-        "sequence_parallel": True,
-        "plan_source": "tp_plan",
-    }
-    for layer in data["layers"]:
-        layer["sharded"] = {
-            f"tp{t}": {
-                "param_count": layer["param_count"] // t,
-                "param_bytes": layer["param_bytes"] // t,
-                "optimizer_state_bytes": layer["optimizer_state_bytes"] // t,
-            }
+    base = synthetic_profile(LAYERS, output_bytes=1 << 24, saved_bytes=1 << 26)
+    for layer in base.layers:
+        layer.sharded = {
+            shard_key(t): ShardParams(
+                layer.param_count // t, layer.param_bytes // t, layer.optimizer_state_bytes // t
+            )
             for t in DEGREES
         }
-    for m in data["measurements"]:
-        for timing in m["layers"]:
-            out = timing["output_bytes"]
-            shards = {}
-            for t in DEGREES:
-                for sp in (False, True):
-                    ops = ["reduce_scatter", "all_gather"] if sp else ["all_reduce"]
-                    shards[f"tp{t}-sp" if sp else f"tp{t}"] = {
-                        "forward_ms": timing["forward_ms"] / t,
-                        "backward_ms": timing["backward_ms"] / t,
-                        "backward_input_ms": timing["backward_input_ms"] / t,
-                        "backward_weight_ms": timing["backward_weight_ms"] / t,
-                        "output_bytes": out // t if sp else out,
-                        "saved_bytes": timing["saved_bytes"] // t,
-                        "collectives": [
-                            {"op": op, "bytes": out, "phase": phase}
-                            for phase in ("forward", "backward")
-                            for op in ops
-                        ],
-                    }
-            timing["sharded"] = shards
-    return data
+    timings = base.measurements[0].layers
+    for timing in timings:
+        timing.sharded = {
+            shard_key(t, sequence_parallel=sp): _shard(timing, t, sp)
+            for t in DEGREES
+            for sp in (False, True)
+        }
+    sizes = [dataclasses.replace(base.measurements[0], microbatch_size=size) for size in SIZES]
+    profile = dataclasses.replace(
+        base, measurements=sizes, tensor_parallel=TensorParallelInfo(DEGREES, True, "tp_plan")
+    )
+    return profile.to_dict()
 
 
 def plan_data() -> dict[str, Any]:
@@ -163,22 +162,17 @@ def main() -> None:
             }
         )
         print(f"{name:>9} {megabytes:>6.2f} {decode_s:>9.4f} {read_s:>8.4f} {cpu_s:>10.4f}")
-    out = Path(__file__).parent / "results" / "read_speed.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "machine": f"{platform.machine()}, {platform.python_version()}",
-                "repeats": repeats,
-                "quick": args.quick,
-                "load_average": list(os.getloadavg()),
-                "rows": rows,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
-    print(f"wrote {out}")
+    result = {
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+        "repeats": repeats,
+        "quick": args.quick,
+        "load_average": list(os.getloadavg()),
+        "rows": rows,
+    }
+    path = Path(__file__).parent / "results" / "read_speed.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

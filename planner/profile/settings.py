@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 from planner.gpus import Efficiency, GpuSpec
 from planner.limits import MAX_MICROBATCH_SIZE, MAX_THREADS
-from planner.records import Integer, Name, OneOf, Text, read_record
+from planner.records import Integer, Name, OneOf, Text, read_record, record_dict
 
 __all__ = [
     "CAPTURED",
@@ -38,8 +38,6 @@ __all__ = [
 
 CAPTURED = ("fx", "export", "export-eval")
 """How a profiled model was captured (:attr:`planner.profile.split.SplitModel.capture`)."""
-
-_TIMINGS = ("layer", "pass")
 
 
 # Written only when known (older analytic profiles may lack them).
@@ -107,13 +105,13 @@ class Calibration:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "plan_schedule": self.plan_schedule,
-            "microbatch_size": self.microbatch_size,
-            "stage_ratios": self.stage_ratios,
-            "step_ms": self.step_ms,
-            **self.extra,
-        }
+        """``meta.calibrated`` as the profile records it.
+
+        Example::
+
+            Calibration("1f1b", 4, {}, 0.5).to_dict()["plan_schedule"]    # '1f1b'
+        """
+        return record_dict(self)
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ class ProfileSettings:
     split_at: Name | None = None
     threads: Annotated[int, Integer(1, MAX_THREADS)] | None = None
     clock: Annotated[str, Text()] | None = None
-    timing: Annotated[str, OneOf(_TIMINGS)] | None = None
+    timing: Annotated[str, OneOf(("layer", "pass"))] | None = None  # measure.TIMING_METHODS
     batch_dependent: tuple[Annotated[str, Text()], ...] = ()
     analytic: AnalyticInfo | None = None
     calibrated: Calibration | None = None
