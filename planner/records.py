@@ -70,7 +70,6 @@ __all__ = [
     "Number",
     "OneOf",
     "Text",
-    "known_fields",
     "read_record",
     "record_dict",
     "read_value",
@@ -254,16 +253,6 @@ def read_value(tp: Any, data: Any, *, file: str | None, field: str) -> Any:
         read_value(list[Baseline], raw, file="plan.json", field="baselines")
     """
     return _reader(tp).read(data, field, file)
-
-
-def known_fields(cls: type) -> list[str]:
-    """The keys a record reads, in order.
-
-    Example::
-
-        known_fields(FileRef)     # ['path', 'sha256']
-    """
-    return [f.name for f in _record(cls).fields]
 
 
 def record_dict(record: Any) -> dict[str, Any]:
