@@ -54,6 +54,7 @@ __all__ = [
     "check_name",
     "check_number",
     "check_schedule_size",
+    "short_repr",
 ]
 
 MAX_MICROBATCHES = 100_000
@@ -184,7 +185,7 @@ def check_int(
         number = int(value) if abs(value) <= 2.0**63 else value
     if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
         raise InputError(
-            f"expected an integer from {low:,} to {high:,}, got {_short(value)}",
+            f"expected an integer from {low:,} to {high:,}, got {short_repr(value)}",
             file=file,
             field=field,
         )
@@ -211,7 +212,8 @@ def check_number(
         number = float(value) if abs(value) < 1e300 else math.inf  # a huge int: no overflow
     if number is None or not (math.isfinite(number) and low <= number <= high):
         raise InputError(
-            f"expected a finite number from {low:g}{unit} to {high:g}{unit}, got {_short(value)}",
+            f"expected a finite number from {low:g}{unit} to {high:g}{unit}, "
+            f"got {short_repr(value)}",
             file=file,
             field=field,
         )
@@ -228,7 +230,9 @@ def check_name(value: object, *, field: str | None, file: str | None = None) -> 
         check_name("gpu0", field="devices[0].name")   # 'gpu0'
     """
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"expected a non-empty name, got {_short(value)}", file=file, field=field)
+        raise InputError(
+            f"expected a non-empty name, got {short_repr(value)}", file=file, field=field
+        )
     if len(value) > MAX_NAME_CHARS:
         raise InputError(
             f"a name of {len(value):,} characters; expected at most {MAX_NAME_CHARS:,}",
@@ -238,7 +242,7 @@ def check_name(value: object, *, field: str | None, file: str | None = None) -> 
     if not is_printable(value):
         raise InputError(
             f"expected a name without control characters (terminal escapes, newlines), "
-            f"got {_short(value)}",
+            f"got {short_repr(value)}",
             file=file,
             field=field,
         )
@@ -267,8 +271,13 @@ def check_schedule_size(
         )
 
 
-def _short(value: object) -> str:
-    """``repr(value)`` clipped, so that a 5000-digit number stays one short line."""
+def short_repr(value: object) -> str:
+    """``repr(value)`` clipped, so that a 5000-digit number stays one short line.
+
+    Example::
+
+        short_repr(10**5000)    # 'an integer of about 5001 digits'
+    """
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)

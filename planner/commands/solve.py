@@ -43,7 +43,7 @@ def solve_command(
         "that divide it.",
         show_default=False,
     ),
-    microbatches: int | None = typer.Option(
+    num_microbatches: int | None = typer.Option(
         None,
         "--microbatches",
         help="Number of microbatches per iteration (default: 2 x devices when no "
@@ -84,7 +84,7 @@ def solve_command(
         prof,
         topo,
         global_batch=global_batch,
-        num_microbatches=microbatches,
+        num_microbatches=num_microbatches,
         schedule=schedule,
         time_limit=time_limit,
         profile_path=str(profile),

@@ -82,7 +82,7 @@ def baseline_outcomes(
 
 
 def _default_shapes(
-    search: Search, schedule: str, mb: int, m: int, parts: PeerPartitions
+    search: Search, schedule: str, mb: int, num_microbatches: int, parts: PeerPartitions
 ) -> list[tuple[str, PlanShape | str]]:
     """The peer defaults' stages (one device per stage in device order, or PipeDream's
     replicas on consecutive devices) as shapes, recompute where memory needs it; a default
@@ -93,7 +93,7 @@ def _default_shapes(
             out.append((label, stages))
             continue
         ranges, groups = [s.layers for s in stages], [s.devices for s in stages]
-        out.append((label, make_shape(search, ranges, groups, schedule, mb, m)))
+        out.append((label, make_shape(search, ranges, groups, schedule, mb, num_microbatches)))
     return out
 
 

@@ -221,7 +221,7 @@ def make_shape(
     devices: Sequence[Sequence[str]],
     schedule: str,
     mb: int,
-    m: int,
+    num_microbatches: int,
     recompute: Sequence[bool] | None = None,
     virtual: int = 1,
 ) -> PlanShape:
@@ -234,11 +234,18 @@ def make_shape(
     """
     if recompute is None:
         recompute = fix_recompute(
-            search.profile, search.topology, ranges, devices, schedule, mb, m, virtual
+            search.profile,
+            search.topology,
+            ranges,
+            devices,
+            schedule,
+            mb,
+            num_microbatches,
+            virtual,
         )
     # Replicas keep the order they were chosen in: the all-reduce ring follows it.
     stages = tuple(
         StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
         for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
-    return PlanShape(stages, schedule, mb, m, virtual)
+    return PlanShape(stages, schedule, mb, num_microbatches, virtual)

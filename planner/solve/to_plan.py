@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["global_lower_bound_ms", "to_plan"]
 
 
-def global_lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> float:
+def global_lower_bound_ms(
+    profile: Profile, topology: Topology, mb: int, num_microbatches: int
+) -> float:
     """No plan beats every device computing an equal share of the work, never idle.
 
     Example::
@@ -35,7 +37,7 @@ def global_lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int)
     """
     f, b = stage_compute_ms(profile, 0, profile.num_layers - 1, mb)
     total_speed = sum(d.speed for d in topology.devices)
-    return m * (f + b) / total_speed
+    return num_microbatches * (f + b) / total_speed
 
 
 def _file_ref(path: str | None, obj: Any) -> FileRef:
@@ -96,6 +98,7 @@ def to_plan(
     """
     c = best.shape
     topo = search.topology
+    assert best.result is not None  # the plan found was simulated
     lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
     return plan_from_simulation(
         best.result,
