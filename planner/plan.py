@@ -217,11 +217,13 @@ def plan_from_simulation(
     solver: SolverInfo | None = None,
     baselines: Sequence[Baseline] = (),
     global_lower_bound_ms: float | None = None,
+    band_ms: Sequence[float] | None = None,
 ) -> Plan:
     """The plan of a simulated partition, the one constructor of ``solve`` and
     ``simulate -o``: the schedule the simulation timed, its prediction
-    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound) and
-    ``solver`` (default :meth:`SolverInfo.manual`).
+    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound;
+    ``band_ms``: the prediction's ``[low, high]`` band) and ``solver`` (default
+    :meth:`SolverInfo.manual`).
 
     Example::
 
@@ -236,7 +238,9 @@ def plan_from_simulation(
         num_microbatches=result.num_microbatches,
         stages=[StageSpec(s.id, (s.first, s.last), list(s.devices), s.recompute) for s in stages],
         schedule=result.schedule,
-        predicted=Prediction.from_result(result, global_lower_bound_ms=global_lower_bound_ms),
+        predicted=Prediction.from_result(
+            result, global_lower_bound_ms=global_lower_bound_ms, band_ms=band_ms
+        ),
         solver=solver or SolverInfo.manual(),
         baselines=list(baselines),
     )

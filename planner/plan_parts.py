@@ -299,6 +299,9 @@ class Prediction:
     under its former name for readers of older plans. ``busy_ms`` is each device's compute
     time, ``staleness`` (asynchronous schedules) each stage's weight age in optimizer
     steps, ``step_ms`` each stage's optimizer step when the iteration includes it.
+    ``iteration_band_ms`` (optional) is ``[low, high]``: the iteration with every layer at
+    the low and at the high end of its profiled spread (:mod:`planner.simulate.band`);
+    plans without it read and write back without it.
     """
 
     iteration_ms: float
@@ -312,18 +315,25 @@ class Prediction:
     step_ms: list[float] | None = None
     global_lower_bound_ms: float | None = None
     plan_lower_bound_ms: float | None = None
+    iteration_band_ms: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_result(
-        cls, result: SimulatedRun, *, global_lower_bound_ms: float | None = None
+        cls,
+        result: SimulatedRun,
+        *,
+        global_lower_bound_ms: float | None = None,
+        band_ms: Sequence[float] | None = None,
     ) -> Prediction:
         """The prediction of a simulation, as ``solve`` and ``simulate -o`` write it.
 
         Numbers are the simulator's, unrounded; device maps are sorted by device name;
         ``step_ms`` is present when the iteration includes an optimizer step.
         ``global_lower_bound_ms`` (the solver's bound over all plans) also writes
-        ``plan_lower_bound_ms``, and stands in for a plan bound the result lacks.
+        ``plan_lower_bound_ms``, and stands in for a plan bound the result lacks;
+        ``band_ms`` (``[low, high]``, :func:`planner.simulate.band.prediction_band`) is
+        the prediction's band.
 
         Example::
 
@@ -346,6 +356,7 @@ class Prediction:
             step_ms=steps if any(steps) else None,
             global_lower_bound_ms=global_lower_bound_ms,
             plan_lower_bound_ms=None if global_lower_bound_ms is None else bound,
+            iteration_band_ms=None if band_ms is None else [float(x) for x in band_ms],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -375,6 +386,9 @@ class Prediction:
             "busy_ms": None if self.busy_ms is None else dict(self.busy_ms),
             "staleness": None if self.staleness is None else list(self.staleness),
             "step_ms": None if self.step_ms is None else list(self.step_ms),
+            "iteration_band_ms": None
+            if self.iteration_band_ms is None
+            else list(self.iteration_band_ms),
         }
         return {**out, **_without_none(optional), **self.extra}
 
@@ -399,8 +413,17 @@ class Prediction:
             step_ms=read.opt_numbers("step_ms"),
             global_lower_bound_ms=read.opt_number("global_lower_bound_ms"),
             plan_lower_bound_ms=read.opt_number("plan_lower_bound_ms"),
+            iteration_band_ms=_band(read),
             extra=read.rest(),
         )
+
+
+def _band(read: FieldReader) -> list[float] | None:
+    """``predicted.iteration_band_ms``: ``[low, high]`` with ``0 <= low <= high``, or None."""
+    band = read.opt_numbers("iteration_band_ms")
+    if band is not None and (len(band) != 2 or not 0 <= band[0] <= band[1]):
+        read.fail("iteration_band_ms", f"expected [low, high] with 0 <= low <= high, got {band}")
+    return band
 
 
 # ------------------------------------------------------------------------------- solver
@@ -508,7 +531,10 @@ class SolverInfo:
 
     ``gap`` is the plan's time over the solver's global lower bound, minus one;
     ``simulations`` counts the simulator calls; ``ilp`` and ``without_peers`` are
-    present where the search ran the ILP and compared with peers.
+    present where the search ran the ILP and compared with peers. ``ties`` counts the
+    plans at most ``tie_tolerance`` (relative) slower than the fastest plan, which tie
+    with it (docs/solve.md#ties-within-the-noise), and ``fastest_ms`` is that fastest
+    plan's time where the preference among the ties chose another.
 
     Example::
 
@@ -522,6 +548,9 @@ class SolverInfo:
     simulations: int | None = None
     ilp: IlpInfo | None = None
     without_peers: WithoutPeers | None = None
+    ties: int | None = None
+    tie_tolerance: float | None = None
+    fastest_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -547,6 +576,8 @@ class SolverInfo:
             out["ilp"] = self.ilp.to_dict()
         if self.without_peers is not None:
             out["without_peers"] = self.without_peers.to_dict()
+        ties = {"ties": self.ties, "tie_tolerance": self.tie_tolerance}
+        out.update(_without_none({**ties, "fastest_ms": self.fastest_ms}))
         return {**out, **self.extra}
 
     @classmethod
@@ -570,6 +601,9 @@ class SolverInfo:
             simulations=read.opt_integer("simulations"),
             ilp=None if ilp is None else IlpInfo.from_dict(ilp, source=source),
             without_peers=None if alone is None else WithoutPeers.from_dict(alone, source=source),
+            ties=read.opt_integer("ties"),
+            tie_tolerance=read.opt_number("tie_tolerance"),
+            fastest_ms=read.opt_number("fastest_ms"),
             extra=read.rest(),
         )
 

@@ -19,6 +19,7 @@ import typer
 from planner.errors import InputError
 from planner.fileio import check_output_path
 from planner.precision import check_precision
+from planner.profile.colocation import MAX_COLOCATE, check_colocate
 from planner.profile.loader import load_model_file, model_name
 from planner.profile.measure import (
     check_device,
@@ -112,6 +113,7 @@ def run_profile(
     timing: str | None = None,
     console: Console | None = None,
     show_progress: bool = True,
+    colocate: int = 1,
 ) -> tuple[Profile, Path]:
     """Validate the arguments, profile with a progress bar, write the profile atomically.
 
@@ -136,6 +138,7 @@ def run_profile(
     optimizer_state_bytes(0, optimizer)
     checked_device = check_device(device)
     check_timing(timing, checked_device.split(":")[0])
+    check_colocate(colocate, checked_device.split(":")[0])
     if output is not None:
         check_output_path(output, field="-o")
     load_model_file(model)  # path, import and the contract's functions, before the bar starts
@@ -171,6 +174,7 @@ def run_profile(
             precision=precision,
             timing=timing,
             progress=progress,
+            colocate=colocate,
         )
     profile.save(output)
     return profile, output
@@ -247,6 +251,13 @@ def profile(
     repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
     threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
+    colocate: int = typer.Option(
+        1,
+        "--colocate",
+        help="CPU: time the layers while N-1 companion processes run the model beside this "
+        "one, as a plan's N processes on this host will (use the plan's processes per host, "
+        f"e.g. 2 for topologies/cpu.yaml; 1 to {MAX_COLOCATE}).",
+    ),
     optimizer: str = typer.Option(
         "adam", "--optimizer", help="Optimizer state to count: adam, adamw (2x), momentum, sgd."
     ),
@@ -284,6 +295,7 @@ def profile(
         timing=timing,
         console=err,
         show_progress=not quiet and not as_json,
+        colocate=colocate,
     )
     seconds = time.perf_counter() - started
     if as_json:

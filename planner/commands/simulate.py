@@ -31,6 +31,8 @@ from planner.plan import (
 from planner.profile import load_profile
 from planner.schedule import SCHEDULES, Schedule
 from planner.simulate import simulate
+from planner.simulate.band import Band, prediction_band
+from planner.simulate.colocation import plan_colocation_note
 from planner.topology import Topology, load_topology
 
 if TYPE_CHECKING:
@@ -352,20 +354,29 @@ def simulate_command(
     )  # fmt: skip
     if step_ms is not None:  # show re-simulates with the same override
         result.schedule.meta["step_ms"] = step_ms
-    files = [] if output is None else [str(_save_plan(result, got, output))]
+    band = prediction_band(got.profile, got.topology, specs, result, step_ms=step_ms)
+    files = [] if output is None else [str(_save_plan(result, got, output, band))]
     _emit(
-        result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt
-    )
+        result, specs, files, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt,
+        band=band,
+    )  # fmt: skip
+    note = plan_colocation_note(got.profile, got.topology, specs)
+    if note is not None:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(f"warning: {note}")
 
 
-def _save_plan(result: Any, got: _Resolved, output: Path) -> Path:
-    """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256."""
+def _save_plan(result: Any, got: _Resolved, output: Path, band: Band) -> Path:
+    """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256
+    and its prediction's band."""
     topo = got.topology_path
     plan_from_simulation(
         result,
         got.stages,
         profile=_file_ref(got.profile_path, output),
         topology=FileRef(None) if topo is None else _file_ref(topo, output),
+        band_ms=band.as_list(),
     ).save(output)
     return output
 
@@ -386,8 +397,10 @@ def _emit(
     trace: Path | None,
     as_json: bool,
     gantt: bool,
+    band: Band,
 ) -> None:
-    """Write the pictures asked for; print the predictions (JSON or table and chart)."""
+    """Write the pictures asked for; print the predictions (JSON or table and chart) and
+    the prediction's band."""
     from planner.render import print_report, write_pictures  # lazy: not needed by --help
 
     title = (
@@ -396,7 +409,7 @@ def _emit(
     )
     files = files + write_pictures(result, specs, svg=svg, html=html, trace=trace, title=title)
     if as_json:
-        out = Prediction.from_result(result).to_dict()
+        out = Prediction.from_result(result, band_ms=band.as_list()).to_dict()
         out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
         out["written"] = files
@@ -406,6 +419,10 @@ def _emit(
 
     console = Console(highlight=False)
     print_report(result, console, stages=specs, title=title, gantt=gantt)
+    console.print(
+        f"band: {band.low_ms:.3f}-{band.high_ms:.3f} ms (every layer at the low / high end "
+        "of its profiled spread)"
+    )
     for done in files:
         console.print(f"wrote {done}")
 

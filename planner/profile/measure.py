@@ -32,7 +32,10 @@ Two timing methods (``timing``, recorded in ``meta["timing"]``):
   beyond all that is held, and each layer's ``optimizer_workspace_bytes`` the transient
   memory of its optimizer step.
 
-On CPU intervals are read from a monotonic clock with a fixed number of threads.
+On CPU intervals are read from a monotonic clock with a fixed number of threads. With
+``colocate`` above 1, companion processes run the model's training step beside the
+measuring one while everything is timed, as a plan's other processes will in its run, and
+the clock is the run's ``perf_counter`` (:mod:`planner.profile.colocation`).
 
 Example::
 
@@ -42,6 +45,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import gc
@@ -50,6 +54,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +63,8 @@ from planner.errors import InputError
 from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
+from planner.profile.colocation import Colocation, busy_cores, check_colocate
+from planner.profile.companions import CompanionConfig, Companions
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.pass_timing import (
     CudaClock,
@@ -144,6 +151,7 @@ class _Settings:
     threads: int = 1
     precision: str = "fp32"  # forward (and loss) under torch.autocast: see planner.precision
     timing: str = "layer"  # TIMING_METHODS
+    colocate: int = 1  # processes computing on the host while timing (planner.profile.colocation)
 
     def autocast(self) -> Any:
         """The forward's autocast context (none for fp32)."""
@@ -154,6 +162,10 @@ class _Settings:
         """How intervals are timed (recorded in the profile's meta)."""
         if self.device.type == "cuda":
             return "cuda_events"
+        if self.colocate > 1:
+            # Co-located: the companions take cores and caches as the run's processes will,
+            # and the run times its actions with perf_counter; measure on that clock.
+            return "perf_counter"
         # One thread does all the work (autograd runs CPU backward on the calling thread), so
         # its CPU time is the layer's cost without the time other processes took the core
         # from it; with more threads only the wall clock sees all the work.
@@ -182,6 +194,7 @@ def profile_model(
     precision: str = "fp32",
     timing: str | None = None,
     progress: ProgressFn | None = None,
+    colocate: int = 1,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
 
@@ -195,11 +208,16 @@ def profile_model(
     ``torch.autocast`` (:mod:`planner.precision`), so activation and cut sizes come out in
     the autocast dtype; parameters, gradients and optimizer state stay fp32. ``timing``
     (``pass`` or ``layer``; None: ``pass`` on CUDA, ``layer`` on CPU) picks how layers are
-    timed (see the module docstring); ``meta["timing"]`` records it.
+    timed (see the module docstring); ``meta["timing"]`` records it. ``colocate`` (CPU):
+    the processes computing on the host while the layers are timed, this one included;
+    above 1, ``colocate - 1`` companions (:mod:`planner.profile.companions`) run the
+    model's training step beside it and intervals are read from ``perf_counter``, the
+    run's clock; ``meta["colocation"]`` records it (:mod:`planner.profile.colocation`).
 
     Example::
 
         profile = profile_model("examples/mlp.py", [1, 8], repeat=3, warmup=1)
+        profile = profile_model("examples/gpt.py", [1, 2], colocate=2)   # as 2 processes run
         [layer.name for layer in profile.layers]
     """
     import torch
@@ -213,55 +231,46 @@ def profile_model(
         _positive(threads, "--threads"),
         check_precision(precision),
         check_timing(timing, torch_device.type),
+        check_colocate(colocate, torch_device.type),
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
+    # Other work on the host, sampled before any of this profile's own (co-located only).
+    busy = busy_cores() if settings.colocate > 1 else None
     user = load_model_file(path)
     keep_freed_memory()  # as every run worker does: see planner.allocator
     started = time.perf_counter()
     old_threads = torch.get_num_threads()
     if settings.device.type == "cpu":
         torch.set_num_threads(threads)
-    try:
-        split, model = _prepare(user, sizes[0], settings, split_at, capture)
-        params = split.layer_parameters()
-        layers = [
-            Layer(
-                name=name,
-                param_count=sum(p.numel() for p in ps),
-                param_bytes=(pb := sum(p.numel() * p.element_size() for p in ps)),
-                optimizer_state_bytes=optimizer_state_bytes(pb, optimizer),
-            )
-            for name, ps in zip(split.names, params, strict=True)
-        ]
-        prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
-
-        def after_repeat(r: int) -> None:
-            if progress is not None:
-                progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
-
-        if settings.timing == "pass":
-            measurements = _measure_in_passes(prepared, settings, after_repeat)
-        else:
-            # Every size and layer in one round robin: the machine's slow spells (seconds
-            # long on a shared VM) then fall on a few samples of each, not on all of one.
-            everything = [run for size in prepared for run in size.runners]
-            samples = iter(_time_runners(everything, settings, after_repeat))
-            measurements = [
-                Measurement(
-                    size.size,
-                    size.input_bytes,
-                    [_timing(next(samples), *facts) for facts in size.facts],
+    companions = CompanionConfig(
+        str(user.path), sizes, threads, settings.precision, optimizer, settings.warmup + 1
+    )
+    # Co-located: the companions start now and warm up while this process prepares.
+    with _colocated(companions, settings.colocate) as beside:
+        try:
+            split, model = _prepare(user, sizes[0], settings, split_at, capture)
+            params = split.layer_parameters()
+            layers = [
+                Layer(
+                    name=name,
+                    param_count=sum(p.numel() for p in ps),
+                    param_bytes=(pb := sum(p.numel() * p.element_size() for p in ps)),
+                    optimizer_state_bytes=optimizer_state_bytes(pb, optimizer),
                 )
-                for size in prepared
+                for name, ps in zip(split.names, params, strict=True)
             ]
-        # The step does not depend on the microbatch size: time it once.
-        step_workspace = [0] * len(layers)
-        steps = _time_optimizer(prepared[0].runners, optimizer, settings, step_workspace)
-        for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
-            layer.optimizer_ms = ms
-            layer.optimizer_workspace_bytes = ws
-    finally:
-        torch.set_num_threads(old_threads)
+            prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
+            if beside is not None:
+                beside.wait_ready()
+            measurements = _measure_sizes(prepared, settings, progress)
+            # The step does not depend on the microbatch size: time it once.
+            step_workspace = [0] * len(layers)
+            steps = _time_optimizer(prepared[0].runners, optimizer, settings, step_workspace)
+            for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
+                layer.optimizer_ms = ms
+                layer.optimizer_workspace_bytes = ws
+        finally:
+            torch.set_num_threads(old_threads)
     return Profile(
         model=user.name,
         layers=layers,
@@ -272,9 +281,43 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=optimizer,
         precision=settings.precision,
-        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at),
+        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at, busy),
         tied_parameters=find_tied_parameters(split),
     )
+
+
+def _colocated(
+    config: CompanionConfig, processes: int
+) -> AbstractContextManager[Companions | None]:
+    """The companions of a co-located profile (None for one process)."""
+    if processes <= 1:
+        return contextlib.nullcontext()
+    return Companions(config, processes - 1)
+
+
+def _measure_sizes(
+    prepared: Sequence[_PreparedSize], settings: _Settings, progress: ProgressFn | None
+) -> list[Measurement]:
+    """Every size's layers timed by the settings' method."""
+
+    def after_repeat(r: int) -> None:
+        if progress is not None:
+            progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
+
+    if settings.timing == "pass":
+        return _measure_in_passes(prepared, settings, after_repeat)
+    # Every size and layer in one round robin: the machine's slow spells (seconds
+    # long on a shared VM) then fall on a few samples of each, not on all of one.
+    everything = [run for size in prepared for run in size.runners]
+    samples = iter(_time_runners(everything, settings, after_repeat))
+    return [
+        Measurement(
+            size.size,
+            size.input_bytes,
+            [_timing(next(samples), *facts) for facts in size.facts],
+        )
+        for size in prepared
+    ]
 
 
 def measure_layer(
@@ -889,7 +932,12 @@ def _dtype(model: Any) -> str:
 
 
 def _meta(
-    settings: _Settings, threads: int, split: Any, seconds: float, split_at: str | None
+    settings: _Settings,
+    threads: int,
+    split: Any,
+    seconds: float,
+    split_at: str | None,
+    busy: float | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -916,6 +964,8 @@ def _meta(
     }
     meta["clock"] = settings.clock
     meta["timing"] = settings.timing
+    method = "companions" if settings.colocate > 1 else "alone"
+    meta["colocation"] = Colocation(settings.colocate, method, busy).to_meta()
     if settings.device.type == "cpu":
         meta["threads"] = threads
     else:

@@ -5,7 +5,8 @@ For every stage the run measured the median forward (``F``) and backward (``B``,
 (plus one forward in the backward of a recompute stage). Each layer of the stage is
 scaled by the stage's measured / predicted ratio - forward and backward separately - in
 every measurement of the profile, so solving again with the calibrated profile plans with
-what the hardware really did (including the runtime's own per-action overhead).
+what the hardware really did (including the runtime's own per-action overhead). Each
+timing's spread is scaled with it, so plans from the calibrated profile keep a band.
 
 Example::
 
@@ -67,7 +68,11 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
                 t.backward_ms *= rb
                 t.backward_input_ms *= rb
                 t.backward_weight_ms *= rb
-                t.spread = {}
+                # The spread scales with its timing, so the calibrated profile keeps a band.
+                t.spread = {
+                    name: [x * (rf if name == "forward_ms" else rb) for x in ends]
+                    for name, ends in t.spread.items()
+                }
     note: dict[str, Any] = {
         "plan_schedule": plan.schedule.name,
         "microbatch_size": plan.microbatch_size,

@@ -1,7 +1,8 @@
 """What a run measured, next to what the plan predicted.
 
 :class:`RunReport` holds the measured iteration time (median over the measured steps of
-the slowest rank's step), the plan's prediction and their ratio, throughput, the loss of
+the slowest rank's step), the plan's prediction, its band and whether the measurement lies
+inside it, their ratio, throughput, the loss of
 every step, peak memory per device and the measured timeline of the last step. The
 timeline is written with :func:`planner.render.render_trace`, the writer ``show --trace``
 uses, so the predicted and the measured trace open side by side in Perfetto.
@@ -78,6 +79,8 @@ class RunReport:
     precision: str = "fp32"  # fp32, or the autocast dtype the forwards ran under
     # fp16: the steps (warm-up included, from 0) every stage skipped after an overflow.
     skipped_steps: list[int] = field(default_factory=list)
+    # The plan's band, [low, high] ms (planner.simulate.band); None: the plan has none.
+    predicted_band_ms: list[float] | None = None
 
     @property
     def global_batch(self) -> int:
@@ -93,6 +96,14 @@ class RunReport:
         if not self.predicted_iteration_ms:
             return None
         return self.iteration_ms / self.predicted_iteration_ms
+
+    @property
+    def inside_band(self) -> bool | None:
+        """Whether the measured iteration lies inside the plan's band (None: no band)."""
+        band = self.predicted_band_ms
+        if band is None:
+            return None
+        return band[0] <= self.iteration_ms <= band[1]
 
     @property
     def predicted_samples_per_s(self) -> float | None:
@@ -128,8 +139,10 @@ class RunReport:
                 "iteration_ms": self.predicted_iteration_ms,
                 "samples_per_s": self.predicted_samples_per_s,
                 "memory_bytes": self.predicted_memory_bytes,
+                "iteration_band_ms": self.predicted_band_ms,
             },
             "ratio": None if ratio is None else round(ratio, 4),
+            "inside_band": self.inside_band,
             "losses": self.losses,
             "precision": self.precision,
             "skipped_steps": self.skipped_steps,
@@ -248,6 +261,7 @@ def build_report(
         notes=notes,
         precision=str(ranks[0].get("precision", "fp32")),
         skipped_steps=[i for i, skip in enumerate(ranks[0].get("skipped", [])) if skip],
+        predicted_band_ms=None if pred is None else pred.iteration_band_ms,
     )
 
 
@@ -339,6 +353,10 @@ def print_run_report(report: RunReport, console: Console) -> None:
     table.add_column("measured", justify="right")
     p, ps = report.predicted_iteration_ms, report.predicted_samples_per_s
     table.add_row("iteration (ms)", "-" if p is None else f"{p:.2f}", f"{report.iteration_ms:.2f}")
+    band = report.predicted_band_ms
+    if band is not None:
+        inside = "yes" if report.inside_band else "no"
+        table.add_row("band (ms); measured inside", f"{band[0]:.2f}-{band[1]:.2f}", inside)
     table.add_row("samples/s", "-" if ps is None else f"{ps:.1f}", f"{report.samples_per_s:.1f}")
     ratio = report.ratio
     table.add_row("measured / predicted", "", "-" if ratio is None else f"{ratio:.3f}")

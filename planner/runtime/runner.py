@@ -31,6 +31,7 @@ from planner.errors import InputError
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
+from planner.profile.colocation import Colocation, busy_cores, colocation_note, load_note
 from planner.profile.loader import load_model_file
 from planner.profile.schema import load_profile
 from planner.runtime.launch import launch_local
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_plan",
     "check_run_options",
+    "colocation_notes",
     "prepare_run",
     "run_plan",
     "run_precision",
@@ -340,6 +342,7 @@ def run_plan(
     plan, settings, placement = prepare_run(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source
     )
+    settings.notes.extend(colocation_notes(settings.profile, placement))
     if optimizer is not None:
         settings.optimizer = optimizer
     settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
@@ -379,6 +382,24 @@ def run_plan(
     return report
 
 
+def colocation_notes(profile: Profile | None, placement: Placement) -> list[str]:
+    """On CPU: a note where the run puts another number of processes on this host than the
+    profile saw (:mod:`planner.profile.colocation`), and one where the other work on the
+    host (busy cores, sampled now, before any rank starts) differs from the profile's.
+
+    Example::
+
+        colocation_notes(load_profile("profiles/gpt.json"), placement)   # [] or notes
+    """
+    if profile is None or placement.device_type != "cpu" or not profile.device.startswith("cpu"):
+        return []
+    profiled = Colocation.of_profile(profile)
+    notes = [colocation_note(profiled, placement.world_size)]
+    if profiled.busy_cores is not None:
+        notes.append(load_note(profiled, busy_cores()))
+    return [n for n in notes if n is not None]
+
+
 def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement: Placement) -> None:
     """Shared mode with every plan device on one GPU: the plan's prediction gave each plan
     device a GPU of its own; predict it as it runs here instead, the devices' work one after
@@ -392,6 +413,7 @@ def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement:
     )
     ms, nbytes = one_device_prediction(result)
     report.predicted_iteration_ms = ms
+    report.predicted_band_ms = None  # the plan's band was of the plan's own prediction
     report.predicted_memory_bytes = dict.fromkeys(
         report.predicted_memory_bytes or report.placement, nbytes
     )
