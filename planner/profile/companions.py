@@ -129,6 +129,7 @@ class Companions:
             for k, p in enumerate(self.procs)
             if p.stdout and k not in self.ready
         }
+        said = dict.fromkeys(waiting, "")
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -139,11 +140,12 @@ class Companions:
             readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
             for fd in readable:
                 k = waiting[fd]
-                line = os.read(fd, 64).decode("utf-8", "replace")
-                if READY in line:
+                chunk = os.read(fd, 64).decode("utf-8", "replace")
+                said[fd] += chunk
+                if READY in said[fd]:
                     del waiting[fd]
                     self.ready.add(k)
-                elif not line:  # the companion closed its end: it exited
+                elif not chunk:  # the companion closed its end: it exited
                     self.procs[k].wait()
                     raise RunFailed(self._message(k))
 
