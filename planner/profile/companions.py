@@ -83,6 +83,27 @@ class Companions:
         self.ready: set[int] = set()
 
     def __enter__(self) -> Companions:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if kind is None:
+                self.check()
+        finally:
+            self.stop()
+
+    def start(self) -> Companions:
+        """Start every companion (all stopped again if one cannot start).
+
+        Example::
+
+            companions = Companions(config, 1).start()
+        """
         try:
             for _ in range(self.count):
                 self._start()
@@ -91,15 +112,11 @@ class Companions:
             raise
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def check(self) -> None:
+        """RunFailed naming the first companion that has died (it stopped computing
+        beside the measurement), if any."""
         failed = self._failed()
-        self.stop()
-        if failed is not None and kind is None:
+        if failed is not None:
             raise RunFailed(failed)
 
     def _start(self) -> None:

@@ -45,7 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import gc
@@ -54,7 +53,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,35 +240,55 @@ def profile_model(
     old_threads = torch.get_num_threads()
     if settings.device.type == "cpu":
         torch.set_num_threads(threads)
-    companions = CompanionConfig(
-        str(user.path), sizes, threads, settings.precision, optimizer, settings.warmup + 1
-    )
     # Co-located: the companions start now and warm up while this process prepares.
-    with _colocated(companions, settings.colocate) as beside:
-        try:
-            split, model = _prepare(user, sizes[0], settings, split_at, capture)
-            params = split.layer_parameters()
-            layers = [
-                Layer(
-                    name=name,
-                    param_count=sum(p.numel() for p in ps),
-                    param_bytes=(pb := sum(p.numel() * p.element_size() for p in ps)),
-                    optimizer_state_bytes=optimizer_state_bytes(pb, optimizer),
+    beside = _companions(user, sizes, threads, optimizer, settings)
+    try:
+        split, model = _prepare(user, sizes[0], settings, split_at, capture)
+        params = split.layer_parameters()
+        layers = [
+            Layer(
+                name=name,
+                param_count=sum(p.numel() for p in ps),
+                param_bytes=(pb := sum(p.numel() * p.element_size() for p in ps)),
+                optimizer_state_bytes=optimizer_state_bytes(pb, optimizer),
+            )
+            for name, ps in zip(split.names, params, strict=True)
+        ]
+        prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
+        if beside is not None:
+            beside.wait_ready()
+
+        def after_repeat(r: int) -> None:
+            if progress is not None:
+                progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
+
+        if settings.timing == "pass":
+            measurements = _measure_in_passes(prepared, settings, after_repeat)
+        else:
+            # Every size and layer in one round robin: the machine's slow spells (seconds
+            # long on a shared VM) then fall on a few samples of each, not on all of one.
+            everything = [run for size in prepared for run in size.runners]
+            samples = iter(_time_runners(everything, settings, after_repeat))
+            measurements = [
+                Measurement(
+                    size.size,
+                    size.input_bytes,
+                    [_timing(next(samples), *facts) for facts in size.facts],
                 )
-                for name, ps in zip(split.names, params, strict=True)
+                for size in prepared
             ]
-            prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
-            if beside is not None:
-                beside.wait_ready()
-            measurements = _measure_sizes(prepared, settings, progress)
-            # The step does not depend on the microbatch size: time it once.
-            step_workspace = [0] * len(layers)
-            steps = _time_optimizer(prepared[0].runners, optimizer, settings, step_workspace)
-            for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
-                layer.optimizer_ms = ms
-                layer.optimizer_workspace_bytes = ws
-        finally:
-            torch.set_num_threads(old_threads)
+        # The step does not depend on the microbatch size: time it once.
+        step_workspace = [0] * len(layers)
+        steps = _time_optimizer(prepared[0].runners, optimizer, settings, step_workspace)
+        for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
+            layer.optimizer_ms = ms
+            layer.optimizer_workspace_bytes = ws
+        if beside is not None:
+            beside.check()  # each computed beside every timed run
+    finally:
+        torch.set_num_threads(old_threads)
+        if beside is not None:
+            beside.stop()
     return Profile(
         model=user.name,
         layers=layers,
@@ -286,38 +304,16 @@ def profile_model(
     )
 
 
-def _colocated(
-    config: CompanionConfig, processes: int
-) -> AbstractContextManager[Companions | None]:
-    """The companions of a co-located profile (None for one process)."""
-    if processes <= 1:
-        return contextlib.nullcontext()
-    return Companions(config, processes - 1)
-
-
-def _measure_sizes(
-    prepared: Sequence[_PreparedSize], settings: _Settings, progress: ProgressFn | None
-) -> list[Measurement]:
-    """Every size's layers timed by the settings' method."""
-
-    def after_repeat(r: int) -> None:
-        if progress is not None:
-            progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
-
-    if settings.timing == "pass":
-        return _measure_in_passes(prepared, settings, after_repeat)
-    # Every size and layer in one round robin: the machine's slow spells (seconds
-    # long on a shared VM) then fall on a few samples of each, not on all of one.
-    everything = [run for size in prepared for run in size.runners]
-    samples = iter(_time_runners(everything, settings, after_repeat))
-    return [
-        Measurement(
-            size.size,
-            size.input_bytes,
-            [_timing(next(samples), *facts) for facts in size.facts],
-        )
-        for size in prepared
-    ]
+def _companions(
+    user: UserModel, sizes: list[int], threads: int, optimizer: str, settings: _Settings
+) -> Companions | None:
+    """The started companions of a co-located profile (None for one process)."""
+    if settings.colocate <= 1:
+        return None
+    config = CompanionConfig(
+        str(user.path), sizes, threads, settings.precision, optimizer, settings.warmup + 1
+    )
+    return Companions(config, settings.colocate - 1).start()
 
 
 def measure_layer(
