@@ -79,6 +79,14 @@ def test_companions_compute_while_the_with_lasts_and_are_stopped_after() -> None
     assert _gone(pid)
 
 
+def test_ctrl_c_stops_the_companions() -> None:
+    config = CompanionConfig(str(MLP), [1])
+    with pytest.raises(KeyboardInterrupt), Companions(config, 2) as companions:
+        pids = [p.pid for p in companions.procs]
+        raise KeyboardInterrupt
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
 def test_a_companion_that_fails_is_named(tmp_path: Path) -> None:
     config = CompanionConfig(str(tmp_path / "gone.py"), [1])
     with pytest.raises(RunFailed) as info, Companions(config, 1) as companions:
