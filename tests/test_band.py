@@ -122,3 +122,28 @@ def test_the_run_report_says_whether_the_measurement_is_inside_the_band() -> Non
     assert _report(104.0, none).inside_band is None
     out = outside.to_dict()
     assert out["predicted"]["iteration_band_ms"] == [95.0, 105.0] and out["inside_band"] is False
+
+
+def test_a_tiny_stage_does_not_set_the_compute_ratio() -> None:
+    from planner.plan import Plan
+    from planner.profile import Layer, LayerTiming, Measurement, Profile
+    from planner.runtime.calibrate import calibrated_profile
+    from planner.runtime.report import explain_gap
+    from planner.schedule import build_schedule
+
+    # An embedding of 0.2 ms beside two blocks of 6 ms each (F 2 + B 4), as the demo has.
+    timing = [LayerTiming(0.1, 0.1, 0.1, 0.0, 10, 10, spread={"forward_ms": [0.09, 0.11]})]
+    timing += [LayerTiming(2.0, 4.0, 2.2, 1.8, 10, 10) for _ in range(2)]
+    profile = Profile(
+        "toy", [Layer(f"l{i}", 1, 4, 8) for i in range(3)], [Measurement(2, 10, timing)]
+    )
+    stages = parse_stages("0-0:a;1-1:b;2-2:c")
+    plan = Plan(FileRef("x"), FileRef("y"), 2, 4, stages, build_schedule("1f1b", stages, 4))
+    measured = {"F0": 0.3, "B0": 0.3, "F1": 2.1, "B1": 4.2, "F2": 2.0, "B2": 4.0}
+    report = _report(100.0, None)
+    report.stage_ms = measured
+    explain_gap(report, profile, plan)
+    assert report.compute_ratio == pytest.approx(1.05)  # not the embedding's 3.0
+    # The calibrated profile keeps a band: each spread scaled with its timing.
+    calibrated = calibrated_profile(profile, plan, measured)
+    assert calibrated.measurements[0].layers[0].spread["forward_ms"] == pytest.approx([0.27, 0.33])

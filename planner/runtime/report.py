@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 from planner.plan_inputs import resimulate
 from planner.render import render_trace
-from planner.runtime.calibrate import stage_ratios
+from planner.runtime.calibrate import stage_compute_ms, stage_ratios
 from planner.simulate import SimEvent, SimResult
 from planner.units import format_bytes
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from planner.plan import Plan
 
 __all__ = [
+    "SMALL_STAGE",
     "explain_gap",
     "RunReport",
     "build_report",
@@ -45,6 +46,11 @@ __all__ = [
     "side_by_side",
     "trace_with_prediction",
 ]
+
+
+# A stage whose profiled compute is under this share of the largest stage's is left out of
+# the report's compute ratio (explain_gap).
+SMALL_STAGE = 0.1
 
 
 @dataclass
@@ -151,7 +157,9 @@ class RunReport:
 
 
 def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
-    """Set ``report.compute_ratio`` from the profile, and where measured and predicted differ
+    """Set ``report.compute_ratio`` from the profile (the largest measured / profiled
+    forward or backward over the stages that hold at least :data:`SMALL_STAGE` of the
+    largest stage's compute), and where measured and predicted differ
     by over 15%, add a note saying whether the stages' compute accounts for it.
 
     Example::
@@ -162,7 +170,12 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
     ratios = stage_ratios(profile, plan, report.stage_ms)
     if not ratios:
         return
-    report.compute_ratio = max(max(f, b) for f, b in ratios.values())
+    # Stages with under a tenth of the largest stage's compute are left out: a 0.3 ms
+    # embedding, whose actions' fixed costs weigh as much as its work, would set the maximum.
+    work = stage_compute_ms(profile, plan)
+    large = max(work.values(), default=0.0)
+    kept = [s for s in ratios if work.get(s, 0.0) >= SMALL_STAGE * large] or list(ratios)
+    report.compute_ratio = max(max(ratios[s]) for s in kept)
     ratio = report.ratio
     if ratio is None or abs(ratio - 1.0) <= 0.15:
         return
