@@ -12,8 +12,10 @@ simulator on the same profile, topology and batch:
   size, its own schedules, recompute where memory needs it
   (:mod:`planner.solve.peers`); ``best_peer`` names the winner and its configuration;
 - ``search_alone``: the same ratio for what pipeplan's own search finds before the peers'
-  plans join its pool (``solve`` seeds the pool with them, so the final plan is never
-  slower than a peer by construction; this column is the one that can lose);
+  plans join its pool and before the tie-break (``solve`` seeds the pool with them, so its
+  fastest plan is never slower than a peer by construction; this column is the one that
+  can lose); ``vs_best_peer`` may be below 1 by up to the tie tolerance, where the final
+  choice prefers a simpler plan within the profile's noise (docs/solve.md);
 - ``vs_peer_defaults``: the best of the old one-stage-per-device rows (``peer default``);
 - ``peer_vs_bound``: the best peer / the global lower bound (every device busy all the
   time with an equal share of the work at its speed): no plan can beat a peer by more;

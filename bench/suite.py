@@ -163,8 +163,8 @@ REGISTRY: tuple[Benchmark, ...] = (
         "prediction",
         "prediction.py",
         "Runtime: predicted against measured",
-        timeout_s=600,
-        quick_timeout_s=90,
+        timeout_s=2400,
+        quick_timeout_s=180,
     ),
     Benchmark(
         "peer_runs",

@@ -228,12 +228,14 @@ def plan_from_simulation(
     baselines: Sequence[Baseline] = (),
     global_lower_bound_ms: float | None = None,
     step_ms: float | None = None,
+    band_ms: Sequence[float] | None = None,
 ) -> Plan:
     """The plan of a simulated partition, the one constructor of ``solve`` and
     ``simulate -o``: the schedule the simulation timed, its prediction
-    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound),
-    ``solver`` (default :meth:`SolverInfo.manual`) and the explicit optimizer step time the
-    simulation was given, if any (``step_ms``).
+    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound;
+    ``band_ms``: the prediction's ``[low, high]`` band), ``solver`` (default
+    :meth:`SolverInfo.manual`) and the explicit optimizer step time the simulation was
+    given, if any (``step_ms``).
 
     Example::
 
@@ -248,7 +250,9 @@ def plan_from_simulation(
         num_microbatches=result.num_microbatches,
         stages=list(stages),
         schedule=result.schedule,
-        predicted=Prediction.from_result(result, global_lower_bound_ms=global_lower_bound_ms),
+        predicted=Prediction.from_result(
+            result, global_lower_bound_ms=global_lower_bound_ms, band_ms=band_ms
+        ),
         solver=solver or SolverInfo.manual(),
         baselines=list(baselines),
         step_ms=step_ms,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 from planner.fileio import sha256_file
-from planner.records import Default, Integer
+from planner.records import Default, Integer, Kind
 
 __all__ = [
     "Baseline",
@@ -47,6 +47,18 @@ __all__ = [
 # Counts a plan part holds: at least one, or at least zero.
 _Positive = Annotated[int, Integer(1)]
 _Count = Annotated[int, Integer(0)]
+
+
+def _band(value: Any) -> list[float]:
+    """``predicted.iteration_band_ms``: ``[low, high]`` with ``0 <= low <= high``."""
+    ok = isinstance(value, list) and len(value) == 2
+    ok = ok and all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+    if not ok or not 0 <= value[0] <= value[1] < float("inf"):
+        BAND.fail(value)
+    return [float(x) for x in value]
+
+
+BAND = Kind("[low, high] in ms with 0 <= low <= high", _band)
 
 
 def _without_none(pairs: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,6 +179,9 @@ class Prediction:
     under its former name for readers of older plans. ``busy_ms`` is each device's compute
     time, ``staleness`` (asynchronous schedules) each stage's weight age in optimizer
     steps, ``step_ms`` each stage's optimizer step when the iteration includes it.
+    ``iteration_band_ms`` (optional) is ``[low, high]``: the iteration with every layer at
+    the low and at the high end of its profiled spread (:mod:`planner.simulate.band`);
+    plans without it read and write back without it.
     """
 
     iteration_ms: float
@@ -180,18 +195,25 @@ class Prediction:
     step_ms: list[float] | None = None
     global_lower_bound_ms: float | None = None
     plan_lower_bound_ms: float | None = None
+    iteration_band_ms: Annotated[list[float], BAND] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_result(
-        cls, result: SimulatedRun, *, global_lower_bound_ms: float | None = None
+        cls,
+        result: SimulatedRun,
+        *,
+        global_lower_bound_ms: float | None = None,
+        band_ms: Sequence[float] | None = None,
     ) -> Prediction:
         """The prediction of a simulation, as ``solve`` and ``simulate -o`` write it.
 
         Numbers are the simulator's, unrounded; device maps are sorted by device name;
         ``step_ms`` is present when the iteration includes an optimizer step.
         ``global_lower_bound_ms`` (the solver's bound over all plans) also writes
-        ``plan_lower_bound_ms``, and stands in for a plan bound the result lacks.
+        ``plan_lower_bound_ms``, and stands in for a plan bound the result lacks;
+        ``band_ms`` (``[low, high]``, :func:`planner.simulate.band.prediction_band`) is
+        the prediction's band.
 
         Example::
 
@@ -214,6 +236,7 @@ class Prediction:
             step_ms=steps if any(steps) else None,
             global_lower_bound_ms=global_lower_bound_ms,
             plan_lower_bound_ms=None if global_lower_bound_ms is None else bound,
+            iteration_band_ms=None if band_ms is None else [float(x) for x in band_ms],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,6 +266,9 @@ class Prediction:
             "busy_ms": None if self.busy_ms is None else dict(self.busy_ms),
             "staleness": None if self.staleness is None else list(self.staleness),
             "step_ms": None if self.step_ms is None else list(self.step_ms),
+            "iteration_band_ms": None
+            if self.iteration_band_ms is None
+            else list(self.iteration_band_ms),
         }
         return {**out, **_without_none(optional), **self.extra}
 
@@ -305,7 +331,10 @@ class SolverInfo:
 
     ``gap`` is the plan's time over the solver's global lower bound, minus one;
     ``simulations`` counts the simulator calls; ``ilp`` and ``without_peers`` are
-    present where the search ran the ILP and compared with peers.
+    present where the search ran the ILP and compared with peers. ``ties`` counts the
+    plans at most ``tie_tolerance`` (relative) slower than the fastest plan, which tie
+    with it (docs/solve.md#ties-within-the-noise), and ``fastest_ms`` is that fastest
+    plan's time where the preference among the ties chose another.
 
     Example::
 
@@ -319,6 +348,9 @@ class SolverInfo:
     simulations: _Count | None = None
     ilp: IlpInfo | None = None
     without_peers: WithoutPeers | None = None
+    ties: int | None = None
+    tie_tolerance: float | None = None
+    fastest_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -344,6 +376,8 @@ class SolverInfo:
             out["ilp"] = self.ilp.to_dict()
         if self.without_peers is not None:
             out["without_peers"] = self.without_peers.to_dict()
+        ties = {"ties": self.ties, "tie_tolerance": self.tie_tolerance}
+        out.update(_without_none({**ties, "fastest_ms": self.fastest_ms}))
         return {**out, **self.extra}
 
 

@@ -31,6 +31,7 @@ from planner.commands.profile import profile_table, run_profile
 from planner.commands.solve import print_plan
 from planner.errors import InputError
 from planner.outputs import Outputs
+from planner.simulate.colocation import cpu_processes_per_host
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -71,15 +72,15 @@ DemoStep = Callable[[DemoContext], None]
 
 
 def _profile_step(ctx: DemoContext) -> None:
-    """Profile the bundled model (few repeats: a demo, not a measurement) and print it."""
+    """Profile the bundled model as the plan will run it (its processes co-located on this
+    machine, as many as topologies/cpu.yaml has: planner.profile.colocation) and print it."""
     stem = ctx.model.stem
     profile, path = run_profile(
         ctx.model,
         ",".join(map(str, ctx.microbatch_sizes)),
         output=ctx.work_dir / f"{stem}.json",
-        repeat=3,
-        warmup=1,
         console=ctx.console,
+        colocate=cpu_processes_per_host(load_topology(_cpu_topology())) or 1,
     )
     ctx.results["profile"] = profile
     ctx.results["profile_path"] = path
@@ -89,7 +90,7 @@ def _profile_step(ctx: DemoContext) -> None:
 def _solve_step(ctx: DemoContext) -> None:
     """Solve for this machine's CPU processes (topologies/cpu.yaml) and print the plan."""
     profile = ctx.results["profile"]
-    topology_path = examples_dir().parent / "topologies" / "cpu.yaml"
+    topology_path = _cpu_topology()
     topology = load_topology(topology_path)
     plan = solve(
         profile,
@@ -123,6 +124,10 @@ DEMO_STEPS: tuple[tuple[str, DemoStep], ...] = (
     ("solve", _solve_step),
     ("run", _run_step),
 )
+
+
+def _cpu_topology() -> Path:
+    return examples_dir().parent / "topologies" / "cpu.yaml"
 
 
 def examples_dir() -> Path:

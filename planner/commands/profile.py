@@ -23,6 +23,7 @@ from planner.outputs import Outputs
 from planner.precision import check_precision
 from planner.profile.analytic import analytic_profile, check_analytic_settings
 from planner.profile.batch_dependence import batch_dependence_warning
+from planner.profile.colocation import MAX_COLOCATE, check_colocate
 from planner.profile.isolated import call_isolated
 from planner.profile.loader import check_model_path, model_name
 from planner.profile.measure import (
@@ -137,6 +138,7 @@ def run_profile(
     tensor_parallel: TensorParallelRequest | None = None,
     console: Console | None = None,
     show_progress: bool = True,
+    colocate: int = 1,
 ) -> tuple[Profile, Path]:
     """Validate the arguments, profile with a progress bar, write the profile atomically.
 
@@ -162,6 +164,7 @@ def run_profile(
     optimizer_state_bytes(0, optimizer)
     checked_device = check_device(device)
     check_timing(timing, checked_device.split(":")[0])
+    check_colocate(colocate, checked_device.split(":")[0])
     outs = Outputs([("the model file", model)])
     outs.file(output, "-o")
     check_model_path(model)  # its code runs only in the child below
@@ -201,6 +204,7 @@ def run_profile(
             precision=precision,
             timing=timing,
             progress=progress,
+            colocate=colocate,
         )
     outs.write_json(output, profile.to_dict())
     outs.commit()
@@ -362,6 +366,13 @@ def profile(
     repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
     threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
+    colocate: int = typer.Option(
+        1,
+        "--colocate",
+        help="CPU: time the layers while N-1 companion processes run the model beside this "
+        "one, as a plan's N processes on this host will (use the plan's processes per host, "
+        f"e.g. 2 for topologies/cpu.yaml; 1 to {MAX_COLOCATE}).",
+    ),
     optimizer: str = typer.Option(
         "adam", "--optimizer", help="Optimizer state to count: adam, adamw (2x), momentum, sgd."
     ),
@@ -466,6 +477,7 @@ def profile(
         tensor_parallel=request,
         console=err,
         show_progress=not quiet and not as_json,
+        colocate=colocate,
     )
     _report(result, path, time.perf_counter() - started, as_json=as_json, quiet=quiet)
 

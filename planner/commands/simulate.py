@@ -44,6 +44,8 @@ from planner.plan import (
 from planner.profile import load_profile
 from planner.schedule import SCHEDULES, Schedule
 from planner.simulate import simulate
+from planner.simulate.band import Band, prediction_band
+from planner.simulate.colocation import plan_colocation_note
 from planner.stages import SHARDINGS, with_parallelism
 from planner.topology import Topology, load_topology
 
@@ -414,9 +416,16 @@ def simulate_command(
         got.profile, got.topology, specs, got.schedule, got.num_microbatches, got.microbatch_size,
         virtual_stages=virtual_stages, step_ms=step_ms,
     )  # fmt: skip
+    band = prediction_band(got.profile, got.topology, specs, result, step_ms=step_ms)
     if output is not None:
-        outs.write_json(output, _plan_data(result, got, output))
-    _emit(result, specs, outs, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt)
+        outs.write_json(output, _plan_data(result, got, output, band))
+    _emit(
+        result, specs, outs, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt,
+        band=band,
+    )  # fmt: skip
+    note = plan_colocation_note(got.profile, got.topology, specs)
+    if note is not None:
+        terminal.console(stderr=True).print(f"warning: {note}")
 
 
 def _given_files(
@@ -435,8 +444,9 @@ def _given_files(
     return files
 
 
-def _plan_data(result: Any, got: _Resolved, output: Path) -> dict[str, Any]:
-    """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256."""
+def _plan_data(result: Any, got: _Resolved, output: Path, band: Band) -> dict[str, Any]:
+    """``-o``: the simulated partition as a plan (solver ``manual``), its inputs' sha256
+    and its prediction's band."""
     topo = got.topology_path
     return plan_from_simulation(
         result,
@@ -444,6 +454,7 @@ def _plan_data(result: Any, got: _Resolved, output: Path) -> dict[str, Any]:
         profile=_file_ref(got.profile_path, output),
         topology=FileRef(None) if topo is None else _file_ref(topo, output),
         step_ms=got.step_ms,  # show re-simulates with the same override
+        band_ms=band.as_list(),
     ).to_dict()
 
 
@@ -463,9 +474,10 @@ def _emit(
     trace: Path | None,
     as_json: bool,
     gantt: bool,
+    band: Band,
 ) -> None:
     """Write the plan and the pictures asked for, all or none; print the predictions (JSON
-    or table and chart)."""
+    or table and chart) and the prediction's band."""
     from planner.render import print_report, render_pictures  # lazy: not needed by --help
 
     title = (
@@ -475,7 +487,7 @@ def _emit(
     render_pictures(outs, result, specs, svg=svg, html=html, trace=trace, title=title)
     files = [str(path) for path in outs.commit()]
     if as_json:
-        out = Prediction.from_result(result).to_dict()
+        out = Prediction.from_result(result, band_ms=band.as_list()).to_dict()
         out["schedule"] = result.schedule.name
         out["stages"] = [s.to_dict() for s in specs]
         out["written"] = files
@@ -483,6 +495,10 @@ def _emit(
         return
     console = terminal.console()
     print_report(result, console, stages=specs, title=title, gantt=gantt)
+    console.print(
+        f"band: {band.low_ms:.3f}-{band.high_ms:.3f} ms (every layer at the low / high end "
+        "of its profiled spread)"
+    )
     for done in files:
         console.print(f"wrote {done}")
 

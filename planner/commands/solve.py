@@ -17,6 +17,7 @@ from planner import terminal
 from planner.fileio import check_input_file, json_text
 from planner.outputs import Outputs
 from planner.profile import load_profile
+from planner.simulate.colocation import plan_colocation_note
 from planner.solve import solve
 from planner.topology import load_topology
 from planner.units import format_bytes
@@ -94,10 +95,13 @@ def solve_command(
     plan.profile, plan.topology = plan.profile.for_plan(output), plan.topology.for_plan(output)
     outs.write_json(output, plan.to_dict())
     outs.commit()
+    note = plan_colocation_note(prof, topo, plan.stages)
     if as_json:
         print(json_text(plan.to_dict()), end="")
-        return
-    print_plan(plan, [layer.name for layer in prof.layers], output=output)
+    else:
+        print_plan(plan, [layer.name for layer in prof.layers], output=output)
+    if note is not None:
+        terminal.console(stderr=True).print(f"warning: {note}")
 
 
 def print_plan(
@@ -141,6 +145,18 @@ def print_plan(
             shown = "-" if ilp.gap is None else f"{100.0 * ilp.gap:.2f}%"
             line += f"; ILP {ilp.status}, gap {shown}, {ilp.seconds} s"
         console.print(line)
+        if solver.ties is not None and solver.ties > 1:
+            tolerance = f"{100.0 * (solver.tie_tolerance or 0.0):.1f}%"
+            fastest = (
+                f"; the fastest was {solver.fastest_ms:.3f} ms"
+                if solver.fastest_ms is not None
+                else ""
+            )
+            console.print(
+                f"Ties: {solver.ties} plans within {tolerance} of the fastest (the profile's "
+                "noise); this one preferred (fewer devices, simpler schedule, fewer stages)"
+                + fastest
+            )
 
     _print_peers(console, plan)
     if output is not None:
@@ -165,8 +181,10 @@ def _print_prediction(console: Console, pred: Prediction) -> None:
 
     it, lb = pred.iteration_ms, pred.lower_bound_ms
     gap = f"{100.0 * (it / lb - 1):.1f}%" if lb else "-"
+    band = pred.iteration_band_ms
+    within = f" (band {band[0]:.3f}-{band[1]:.3f})" if band else ""
     console.print(
-        f"Predicted iteration: {it:.3f} ms  ({pred.samples_per_s:.1f} samples/s, "
+        f"Predicted iteration: {it:.3f} ms{within}  ({pred.samples_per_s:.1f} samples/s, "
         f"bubble {100.0 * pred.bubble_fraction:.1f}%)"
     )
     console.print(f"Lower bound: {lb:.3f} ms  (this plan; gap {gap})")

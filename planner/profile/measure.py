@@ -32,7 +32,10 @@ Two timing methods (``timing``, recorded in ``Profile.settings.timing``):
   beyond all that is held, and each layer's ``optimizer_workspace_bytes`` the transient
   memory of its optimizer step.
 
-On CPU intervals are read from a monotonic clock with a fixed number of threads.
+On CPU intervals are read from a monotonic clock with a fixed number of threads. With
+``colocate`` above 1, companion processes run the model's training step beside the
+measuring one while everything is timed, as a plan's other processes will in its run, and
+the clock is the run's ``perf_counter`` (:mod:`planner.profile.colocation`).
 
 Example::
 
@@ -60,6 +63,8 @@ from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
 from planner.profile.batch_dependence import batch_dependent_modules
+from planner.profile.colocation import Colocation, busy_cores, check_colocate
+from planner.profile.companions import CompanionConfig, Companions
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.pass_timing import (
     CudaClock,
@@ -147,6 +152,7 @@ class _Settings:
     threads: int = 1
     precision: str = "fp32"  # forward (and loss) under torch.autocast: see planner.precision
     timing: str = "layer"  # TIMING_METHODS
+    colocate: int = 1  # processes computing on the host while timing (planner.profile.colocation)
 
     def autocast(self) -> Any:
         """The forward's autocast context (none for fp32)."""
@@ -157,6 +163,10 @@ class _Settings:
         """How intervals are timed (recorded in the profile's meta)."""
         if self.device.type == "cuda":
             return "cuda_events"
+        if self.colocate > 1:
+            # Co-located: the companions take cores and caches as the run's processes will,
+            # and the run times its actions with perf_counter; measure on that clock.
+            return "perf_counter"
         # One thread does all the work (autograd runs CPU backward on the calling thread), so
         # its CPU time is the layer's cost without the time other processes took the core
         # from it; with more threads only the wall clock sees all the work.
@@ -185,6 +195,7 @@ def profile_model(
     precision: str = "fp32",
     timing: str | None = None,
     progress: ProgressFn | None = None,
+    colocate: int = 1,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
 
@@ -198,11 +209,16 @@ def profile_model(
     ``torch.autocast`` (:mod:`planner.precision`), so activation and cut sizes come out in
     the autocast dtype; parameters, gradients and optimizer state stay fp32. ``timing``
     (``pass`` or ``layer``; None: ``pass`` on CUDA, ``layer`` on CPU) picks how layers are
-    timed (see the module docstring); ``Profile.settings.timing`` records it.
+    timed (see the module docstring); ``Profile.settings.timing`` records it. ``colocate``
+    (CPU): the processes computing on the host while the layers are timed, this one
+    included; above 1, ``colocate - 1`` companions (:mod:`planner.profile.companions`) run
+    the model's training step beside it and intervals are read from ``perf_counter``, the
+    run's clock; ``Profile.settings.colocation`` records it (:mod:`planner.profile.colocation`).
 
     Example::
 
         profile = profile_model("examples/mlp.py", [1, 8], repeat=3, warmup=1)
+        profile = profile_model("examples/gpt.py", [1, 2], colocate=2)   # as 2 processes run
         [layer.name for layer in profile.layers]
     """
     import torch
@@ -216,14 +232,19 @@ def profile_model(
         _positive(threads, "--threads"),
         check_precision(precision),
         check_timing(timing, torch_device.type),
+        check_colocate(colocate, torch_device.type),
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
+    # Other work on the host, sampled before any of this profile's own (co-located only).
+    busy = busy_cores() if settings.colocate > 1 else None
     user = load_model_file(path)
     keep_freed_memory()  # as every run worker does: see planner.allocator
     started = time.perf_counter()
     old_threads = torch.get_num_threads()
     if settings.device.type == "cpu":
         torch.set_num_threads(threads)
+    # Co-located: the companions start now and warm up while this process prepares.
+    beside = _companions(user, sizes, threads, optimizer, settings)
     try:
         split, model = _prepare(user, sizes[0], settings, split_at, capture)
         params = split.layer_parameters()
@@ -237,6 +258,8 @@ def profile_model(
             for name, ps in zip(split.names, params, strict=True)
         ]
         prepared = [_prepare_size(user, split, size, settings, split_at) for size in sizes]
+        if beside is not None:
+            beside.wait_ready()
         if progress is not None:  # loaded and checked at every size: the measuring starts
             progress(0, settings.repeat, "measuring")
 
@@ -265,8 +288,12 @@ def profile_model(
         for layer, ms, ws in zip(layers, steps, step_workspace, strict=True):
             layer.optimizer_ms = ms
             layer.optimizer_workspace_bytes = ws
+        if beside is not None:
+            beside.check()  # each computed beside every timed run
     finally:
         torch.set_num_threads(old_threads)
+        if beside is not None:
+            beside.stop()
     return Profile(
         model=user.name,
         layers=layers,
@@ -287,8 +314,23 @@ def profile_model(
             timing=settings.timing,
             # The modules that make the model's result depend on the microbatch size.
             batch_dependent=tuple(batch_dependent_modules(model)),
+            colocation=Colocation(
+                settings.colocate, "companions" if settings.colocate > 1 else "alone", busy
+            ),
         ),
     )
+
+
+def _companions(
+    user: UserModel, sizes: list[int], threads: int, optimizer: str, settings: _Settings
+) -> Companions | None:
+    """The started companions of a co-located profile (None for one process)."""
+    if settings.colocate <= 1:
+        return None
+    config = CompanionConfig(
+        str(user.path), sizes, threads, settings.precision, optimizer, settings.warmup + 1
+    )
+    return Companions(config, settings.colocate - 1).start()
 
 
 def measure_layer(

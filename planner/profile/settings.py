@@ -4,7 +4,8 @@ A profile's ``meta`` object holds free facts about its making (host, date, repea
 PipeDream import's records) and, among them, the settings that later commands depend on:
 how the model was captured and split (``capture``, ``split_at``: ``run`` and ``export``
 must split it the same way), the torch threads it was timed with (``run`` uses as many),
-the clock and timing method, the modules that make its results depend on the microbatch
+the clock and timing method, the processes co-located while it timed (``colocation``),
+the modules that make its results depend on the microbatch
 size (``batch_dependent``: a warning), what an analytic profile is a roofline of
 (``analytic``) and a run's calibration (``calibrated``). :class:`ProfileSettings` is those,
 typed; the file keeps them where every version has written them, in ``meta``
@@ -25,13 +26,16 @@ from typing import Annotated, Any
 
 from planner.gpus import Efficiency, GpuSpec
 from planner.limits import MAX_MICROBATCH_SIZE, MAX_THREADS
-from planner.records import Integer, Name, OneOf, Text, read_record, record_dict
+from planner.records import Integer, Name, Number, OneOf, Text, read_record, record_dict
 
 __all__ = [
     "CAPTURED",
+    "COLOCATION_METHODS",
+    "MAX_COLOCATE",
     "SETTINGS_KEYS",
     "AnalyticInfo",
     "Calibration",
+    "Colocation",
     "ProfileSettings",
     "split_meta",
 ]
@@ -114,6 +118,48 @@ class Calibration:
         return record_dict(self)
 
 
+COLOCATION_METHODS = ("alone", "companions")
+"""How a profile's layers were timed beside other processes (:mod:`planner.profile.colocation`)."""
+# Processes a co-located profile may run at once (each holds the model, its activations and
+# torch itself: ~0.3 GiB and more).
+MAX_COLOCATE = 64
+
+
+@dataclass(frozen=True)
+class Colocation:
+    """How many processes computed on the host while the profile timed its layers (the
+    measuring one included), by which method, and the other work then (``busy_cores``)
+    (``meta.colocation``; :mod:`planner.profile.colocation`).
+
+    Example::
+
+        Colocation(2, "companions", 0.1).to_dict()
+        # {'processes': 2, 'method': 'companions', 'busy_cores': 0.1}
+    """
+
+    processes: Annotated[int, Integer(1, MAX_COLOCATE)] = 1
+    method: Annotated[str, OneOf(COLOCATION_METHODS)] = "alone"
+    busy_cores: Annotated[float, Number(0.0, 1e6)] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``meta.colocation`` as the profile records it.
+
+        Example::
+
+            Colocation().to_dict()    # {'processes': 1, 'method': 'alone'}
+        """
+        out: dict[str, Any] = {"processes": self.processes, "method": self.method}
+        if self.busy_cores is not None:
+            out["busy_cores"] = round(self.busy_cores, 2)
+        return out
+
+    def describe(self) -> str:
+        """``'by one process alone'`` or ``'with 2 processes co-located'``, for messages."""
+        if self.processes == 1:
+            return "by one process alone"
+        return f"with {self.processes} processes co-located"
+
+
 @dataclass(frozen=True)
 class ProfileSettings:
     """The settings a profile was made with that later commands read (module docstring);
@@ -132,6 +178,7 @@ class ProfileSettings:
     batch_dependent: tuple[Annotated[str, Text()], ...] = ()
     analytic: AnalyticInfo | None = None
     calibrated: Calibration | None = None
+    colocation: Colocation | None = None
 
     @property
     def capture_method(self) -> str:
@@ -160,6 +207,7 @@ class ProfileSettings:
             "batch_dependent": list(self.batch_dependent) or None,
             "analytic": None if self.analytic is None else self.analytic.to_dict(),
             "calibrated": None if self.calibrated is None else self.calibrated.to_dict(),
+            "colocation": None if self.colocation is None else self.colocation.to_dict(),
         }
         return {k: v for k, v in out.items() if v is not None}
 

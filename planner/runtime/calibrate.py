@@ -5,7 +5,8 @@ For every stage the run measured the median forward (``F``) and backward (``B``,
 (plus one forward in the backward of a recompute stage). Each layer of the stage is
 scaled by the stage's measured / predicted ratio - forward and backward separately - in
 every measurement of the profile, so solving again with the calibrated profile plans with
-what the hardware really did (including the runtime's own per-action overhead).
+what the hardware really did (including the runtime's own per-action overhead). Each
+timing's spread is scaled with it, so plans from the calibrated profile keep a band.
 
 Example::
 
@@ -23,7 +24,24 @@ from planner.plan import Plan
 from planner.profile.schema import Profile
 from planner.profile.settings import Calibration
 
-__all__ = ["calibrated_profile", "stage_ratios"]
+__all__ = ["calibrated_profile", "stage_compute_ms", "stage_ratios"]
+
+
+def stage_compute_ms(profile: Profile, plan: Plan) -> dict[int, float]:
+    """Per stage: its profiled forward plus backward per microbatch (what the ratios of
+    :func:`stage_ratios` divide by).
+
+    Example::
+
+        stage_compute_ms(profile, plan)   # {0: 6.1, 1: 5.9}
+    """
+    layers = profile.measurement(plan.microbatch_size).layers
+    out: dict[int, float] = {}
+    for stage in plan.stages:
+        span = layers[stage.first : stage.last + 1]
+        fwd = sum(t.forward_ms for t in span)
+        out[stage.id] = fwd + sum(t.backward_ms for t in span) + (fwd if stage.recompute else 0.0)
+    return out
 
 
 def stage_ratios(
@@ -68,7 +86,11 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
                 t.backward_ms *= rb
                 t.backward_input_ms *= rb
                 t.backward_weight_ms *= rb
-                t.spread = {}
+                # The spread scales with its timing, so the calibrated profile keeps a band.
+                t.spread = {
+                    name: [x * (rf if name == "forward_ms" else rb) for x in ends]
+                    for name, ends in t.spread.items()
+                }
     note = Calibration(
         plan_schedule=plan.schedule.name,
         microbatch_size=plan.microbatch_size,

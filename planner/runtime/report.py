@@ -1,7 +1,8 @@
 """What a run measured, next to what the plan predicted.
 
 :class:`RunReport` holds the measured iteration time (median over the measured steps of
-the slowest rank's step), the plan's prediction and their ratio, throughput, the loss of
+the slowest rank's step), the plan's prediction, its band and whether the measurement lies
+inside it, their ratio, throughput, the loss of
 every step, peak memory per device and the measured timeline of the last step. The
 timeline is written with :func:`planner.render.render_trace`, the writer ``show --trace``
 uses, so the predicted and the measured trace open side by side in Perfetto.
@@ -26,7 +27,7 @@ from planner.errors import InputError
 from planner.plan_inputs import resimulate
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
-from planner.runtime.calibrate import stage_ratios
+from planner.runtime.calibrate import stage_compute_ms, stage_ratios
 from planner.simulate import SimEvent, SimResult
 from planner.units import format_bytes
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from planner.runtime.placement import Placement
 
 __all__ = [
+    "SMALL_STAGE",
     "explain_gap",
     "note_prediction_source",
     "RunReport",
@@ -49,6 +51,11 @@ __all__ = [
     "side_by_side",
     "trace_with_prediction",
 ]
+
+
+# A stage whose profiled compute is under this share of the largest stage's is left out of
+# the report's compute ratio (explain_gap).
+SMALL_STAGE = 0.1
 
 
 @dataclass
@@ -87,6 +94,8 @@ class RunReport:
     # an analytic profile (a roofline of the GPU's datasheet, not a measurement); None when
     # the plan's profile was not at hand.
     prediction_source: str | None = None
+    # The plan's band, [low, high] ms (planner.simulate.band); None: the plan has none.
+    predicted_band_ms: list[float] | None = None
 
     @property
     def global_batch(self) -> int:
@@ -102,6 +111,14 @@ class RunReport:
         if not self.predicted_iteration_ms:
             return None
         return self.iteration_ms / self.predicted_iteration_ms
+
+    @property
+    def inside_band(self) -> bool | None:
+        """Whether the measured iteration lies inside the plan's band (None: no band)."""
+        band = self.predicted_band_ms
+        if band is None:
+            return None
+        return band[0] <= self.iteration_ms <= band[1]
 
     @property
     def predicted_samples_per_s(self) -> float | None:
@@ -138,8 +155,10 @@ class RunReport:
                 "iteration_ms": self.predicted_iteration_ms,
                 "samples_per_s": self.predicted_samples_per_s,
                 "memory_bytes": self.predicted_memory_bytes,
+                "iteration_band_ms": self.predicted_band_ms,
             },
             "ratio": None if ratio is None else round(ratio, 4),
+            "inside_band": self.inside_band,
             "losses": self.losses,
             "precision": self.precision,
             "skipped_steps": self.skipped_steps,
@@ -148,7 +167,9 @@ class RunReport:
 
 
 def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
-    """Set ``report.compute_ratio`` from the profile, and where measured and predicted differ
+    """Set ``report.compute_ratio`` from the profile (the largest measured / profiled
+    forward or backward over the stages that hold at least :data:`SMALL_STAGE` of the
+    largest stage's compute), and where measured and predicted differ
     by over 15%, add a note saying whether the stages' compute accounts for it.
 
     Example::
@@ -160,7 +181,12 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
     ratios = stage_ratios(profile, plan, report.stage_ms)
     if not ratios:
         return
-    report.compute_ratio = max(max(f, b) for f, b in ratios.values())
+    # Stages with under a tenth of the largest stage's compute are left out: a 0.3 ms
+    # embedding, whose actions' fixed costs weigh as much as its work, would set the maximum.
+    work = stage_compute_ms(profile, plan)
+    large = max(work.values(), default=0.0)
+    kept = [s for s in ratios if work.get(s, 0.0) >= SMALL_STAGE * large] or list(ratios)
+    report.compute_ratio = max(max(ratios[s]) for s in kept)
     ratio = report.ratio
     if ratio is None or abs(ratio - 1.0) <= 0.15:
         return
@@ -288,6 +314,7 @@ def build_report(
         notes=notes,
         precision=ranks[0].precision,
         skipped_steps=[i for i, skip in enumerate(ranks[0].skipped) if skip],
+        predicted_band_ms=None if pred is None else pred.iteration_band_ms,
     )
 
 
@@ -379,6 +406,10 @@ def print_run_report(report: RunReport, console: Console) -> None:
     table.add_column("measured", justify="right")
     p, ps = report.predicted_iteration_ms, report.predicted_samples_per_s
     table.add_row("iteration (ms)", "-" if p is None else f"{p:.2f}", f"{report.iteration_ms:.2f}")
+    band = report.predicted_band_ms
+    if band is not None:
+        inside = "yes" if report.inside_band else "no"
+        table.add_row("band (ms); measured inside", f"{band[0]:.2f}-{band[1]:.2f}", inside)
     table.add_row("samples/s", "-" if ps is None else f"{ps:.1f}", f"{report.samples_per_s:.1f}")
     ratio = report.ratio
     if report.prediction_source is not None:

@@ -36,6 +36,7 @@ from planner.optimizers import check_optimizer
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
+from planner.profile.colocation import busy_cores, colocation_note, load_note, profile_colocation
 from planner.profile.loader import check_model_path
 from planner.profile.model_check import ProfiledSplit, check_source
 from planner.profile.schema import load_profile
@@ -58,6 +59,7 @@ __all__ = [
     "check_plan",
     "check_stream",
     "check_run_options",
+    "colocation_notes",
     "prepare_run",
     "run_plan",
     "run_precision",
@@ -335,6 +337,7 @@ def run_plan(
     plan, settings, placement = prepare_run(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source
     )
+    settings.notes.extend(colocation_notes(settings.profile, placement))
     if optimizer is not None:  # checked here, before any process starts
         optimizer = check_optimizer(optimizer, field="optimizer")
         settings.training = dataclasses.replace(settings.training, optimizer=optimizer)
@@ -381,6 +384,24 @@ def run_plan(
     return report
 
 
+def colocation_notes(profile: Profile | None, placement: Placement) -> list[str]:
+    """On CPU: a note where the run puts another number of processes on this host than the
+    profile saw (:mod:`planner.profile.colocation`), and one where the other work on the
+    host (busy cores, sampled now, before any rank starts) differs from the profile's.
+
+    Example::
+
+        colocation_notes(load_profile("profiles/gpt.json"), placement)   # [] or notes
+    """
+    if profile is None or placement.device_type != "cpu" or not profile.device.startswith("cpu"):
+        return []
+    profiled = profile_colocation(profile)
+    notes = [colocation_note(profiled, placement.world_size)]
+    if profiled.busy_cores is not None:
+        notes.append(load_note(profiled, busy_cores()))
+    return [n for n in notes if n is not None]
+
+
 def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement: Placement) -> None:
     """Shared mode with every plan device on one GPU: the plan's prediction gave each plan
     device a GPU of its own; predict it as it runs here instead, the devices' work one after
@@ -394,6 +415,7 @@ def _predict_one_gpu(report: RunReport, profile: Profile, plan: Plan, placement:
     )
     ms, nbytes = one_device_prediction(result)
     report.predicted_iteration_ms = ms
+    report.predicted_band_ms = None  # the plan's band was of the plan's own prediction
     report.predicted_memory_bytes = dict.fromkeys(
         report.predicted_memory_bytes or report.placement, nbytes
     )

@@ -1,5 +1,6 @@
 """:func:`solve`, the entry point: the arguments checked, pipeplan's own search, the peers
-simulated and their plans as seeds, the best plan that fits returned as a
+simulated and their plans as seeds, the best plan that fits (the preferred one among those
+within the fastest plan's band: :mod:`planner.solve.ties`) returned as a
 :class:`~planner.plan.Plan` (or an :class:`InfeasibleError` saying what memory is missing).
 
 ``time_limit`` bounds the whole solve: no simulation starts after it (:class:`TimeUp`), and
@@ -29,6 +30,7 @@ from planner.solve.own_search import own_search
 from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
 from planner.solve.scored import Scored
 from planner.solve.search import Search, TimeUp
+from planner.solve.ties import choose_plan
 from planner.solve.to_plan import to_plan
 from planner.topology import Topology, as_topology
 
@@ -110,15 +112,18 @@ def solve(
         if not any(x.fits for x in own):
             raise nothing_fits(profile, topology, settings)
         raise schedule_does_not_fit(schedule)
-    best = min(final, key=Scored.key)
+    # Plans within the fastest one's band are ties, broken by a preference that is no time
+    # (planner.solve.ties), so that noise inside the band cannot flip the choice.
+    choice = choose_plan(final, search)
     mine = [x for x in own if x.shape.schedule in schedules and x.fits]
     return to_plan(
         search,
-        best,
+        choice,
         peers,
         profile_path,
         topology_path,
         time.perf_counter() - clock,
+        # What the search found on its own: its fastest, before any tie-break.
         unseeded=min(mine, key=Scored.key) if mine else None,
     )
 

@@ -4,7 +4,7 @@ found without the peers) and the peers' rows, through :func:`planner.plan.plan_f
 
 Example::
 
-    plan = to_plan(search, best, peers, "profiles/mlp.json", "topologies/nvlink.yaml", 1.2)
+    plan = to_plan(search, choice, peers, "profiles/mlp.json", "topologies/nvlink.yaml", 1.2)
     plan.solver.method  # "dp+ilp+local search -> dp"
 """
 
@@ -19,6 +19,7 @@ from planner.profile.schema import Profile
 from planner.solve.peer_report import PeerReport, peer_rows
 from planner.solve.scored import Scored
 from planner.solve.search import Search
+from planner.solve.ties import Choice
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -46,10 +47,11 @@ def _file_ref(path: str | None, obj: Any) -> FileRef:
 
 
 def _solver_info(
-    search: Search, best: Scored, lower_bound_ms: float, seconds: float, unseeded: Scored | None
+    search: Search, choice: Choice, lower_bound_ms: float, seconds: float, unseeded: Scored | None
 ) -> SolverInfo:
     """How the plan was found: methods, status (``time limit`` where the limit stopped the
-    search), gap to the bound, the search alone."""
+    search), gap to the bound, the ties within the band, the search alone."""
+    best = choice.best
     c = best.shape
     lb = lower_bound_ms
     gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
@@ -65,6 +67,9 @@ def _solver_info(
         gap=None if gap is None else round(gap, 6),
         simulations=search.sims,
         ilp=search.ilp,
+        ties=choice.ties,
+        tie_tolerance=round(choice.tolerance, 6),
+        fastest_ms=None if best is choice.fastest else choice.fastest.per_sample_ms * c.samples,
     )
     if unseeded is not None:
         # What the search found on its own, before any peer plan joined the pool.
@@ -82,7 +87,7 @@ def _solver_info(
 
 def to_plan(
     search: Search,
-    best: Scored,
+    choice: Choice,
     peers: PeerReport | None,
     profile_path: str | None,
     topology_path: str | None,
@@ -90,12 +95,14 @@ def to_plan(
     *,
     unseeded: Scored | None = None,
 ) -> Plan:
-    """The plan of ``best`` (simulated), with the solver's record and the peers' rows.
+    """The plan of ``choice.best`` (simulated) with its band, the solver's record and the
+    peers' rows.
 
     Example::
 
-        to_plan(search, best, None, None, None, 0.5).predicted.iteration_ms
+        to_plan(search, choose_plan(pool, search), None, None, None, 0.5).predicted.iteration_ms
     """
+    best = choice.best
     c = best.shape
     topo = search.topology
     assert best.result is not None  # the plan found was simulated
@@ -105,7 +112,8 @@ def to_plan(
         list(c.stages),
         profile=_file_ref(profile_path, search.profile.to_dict()),
         topology=_file_ref(topology_path, topo.to_dict()),
-        solver=_solver_info(search, best, lb, seconds, unseeded),
+        solver=_solver_info(search, choice, lb, seconds, unseeded),
         baselines=peer_rows(peers, c.samples),
         global_lower_bound_ms=lb,
+        band_ms=choice.band.as_list(),
     )
