@@ -12,7 +12,8 @@ A 70B model is 280 GB of fp32 weights: it is only ever built on the meta device,
 measured ``pipeplan profile`` or ``pipeplan run`` of it stops with one line instead of
 exhausting the machine's memory.
 
-Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
+The building and the batch are :mod:`planner.profile.hub_config`'s, shared by the
+bundled hub configs. Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 
@@ -21,11 +22,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from planner.profile.hub_config import meta_causal_lm, token_batch
 
 __all__ = ["SEQ_LEN", "build_model", "sample_batch"]
 
@@ -35,23 +37,9 @@ CONFIG = Path(__file__).with_name("config.json")
 
 def build_model() -> nn.Module:
     """The model of ``config.json``, on the meta device only (module docstring)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if torch.get_default_device().type != "meta":
-        raise RuntimeError(
-            f"{CONFIG.parent.name} is built on the meta device only (its fp32 weights would "
-            "not fit this machine); profile it with pipeplan profile --analytic"
-        )
-    settings = json.loads(CONFIG.read_text())
-    settings.pop("torch_dtype", None)  # fp32 master weights, as mixed precision trains
-    config = AutoConfig.for_model(**settings)
-    config.use_cache = False
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return meta_causal_lm(CONFIG)
 
 
 def sample_batch(batch_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Random token ids of ``SEQ_LEN`` tokens and next-token targets."""
-    vocab = json.loads(CONFIG.read_text())["vocab_size"]
-    g = torch.Generator().manual_seed(batch_size)
-    tokens = torch.randint(0, vocab, (batch_size, SEQ_LEN + 1), generator=g)
-    return {"input_ids": tokens[:, :-1].contiguous()}, tokens[:, 1:].contiguous()
+    return token_batch(CONFIG, batch_size, seq_len=SEQ_LEN)

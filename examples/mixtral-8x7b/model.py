@@ -19,7 +19,8 @@ is not an autocast operation: with fp32 master weights it runs in fp32 (the prof
 the experts' cost accordingly), and its backward computes the input's and the weights'
 gradients in one operation, so a zero-bubble split finds both in the input half.
 
-Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
+The building and the batch are :mod:`planner.profile.hub_config`'s, shared by the
+bundled hub configs. Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 
@@ -28,11 +29,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from planner.profile.hub_config import meta_causal_lm, token_batch
 
 __all__ = ["SEQ_LEN", "build_model", "sample_batch"]
 
@@ -42,25 +44,9 @@ CONFIG = Path(__file__).with_name("config.json")
 
 def build_model() -> nn.Module:
     """The model of ``config.json``, on the meta device only (module docstring)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if torch.get_default_device().type != "meta":
-        raise RuntimeError(
-            f"{CONFIG.parent.name} is built on the meta device only (its fp32 weights would "
-            "not fit this machine); profile it with pipeplan profile --analytic"
-        )
-    settings = json.loads(CONFIG.read_text())
-    settings.pop("torch_dtype", None)  # fp32 master weights, as mixed precision trains
-    config = AutoConfig.for_model(**settings)
-    config.use_cache = False
-    return AutoModelForCausalLM.from_config(
-        config, dtype=torch.float32, experts_implementation="grouped_mm"
-    )
+    return meta_causal_lm(CONFIG, experts_implementation="grouped_mm")
 
 
 def sample_batch(batch_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Random token ids of ``SEQ_LEN`` tokens and next-token targets."""
-    vocab = json.loads(CONFIG.read_text())["vocab_size"]
-    g = torch.Generator().manual_seed(batch_size)
-    tokens = torch.randint(0, vocab, (batch_size, SEQ_LEN + 1), generator=g)
-    return {"input_ids": tokens[:, :-1].contiguous()}, tokens[:, 1:].contiguous()
+    return token_batch(CONFIG, batch_size, seq_len=SEQ_LEN)
