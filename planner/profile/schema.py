@@ -31,6 +31,7 @@ from planner.profile.sharding import (
     ShardTiming,
     Spread,
     TensorParallelInfo,
+    pass_costs_dict,
     shard_key,
 )
 from planner.profile.tied import TiedParameter
@@ -119,16 +120,7 @@ class LayerTiming:
     sharded: Annotated[dict[str, ShardTiming], Keys(SHARD_KEY)] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "forward_ms": self.forward_ms,
-            "backward_ms": self.backward_ms,
-            "backward_input_ms": self.backward_input_ms,
-            "backward_weight_ms": self.backward_weight_ms,
-            "output_bytes": self.output_bytes,
-            "saved_bytes": self.saved_bytes,
-        }
-        if self.workspace_bytes:
-            out["workspace_bytes"] = self.workspace_bytes
+        out = pass_costs_dict(self)
         if self.spread:
             out["spread"] = self.spread
         for name in FLOP_FIELDS:

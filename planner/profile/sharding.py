@@ -56,6 +56,7 @@ __all__ = [
     "Spread",
     "TensorParallelInfo",
     "parse_shard_key",
+    "pass_costs_dict",
     "shard_key",
 ]
 
@@ -167,6 +168,27 @@ class Collective:
         return {"op": self.op, "bytes": self.bytes, "phase": self.phase}
 
 
+def pass_costs_dict(timing: Any) -> dict[str, Any]:
+    """The fields a layer's timing and a shard's share, as the profile writes them: the four
+    times, the output and saved bytes, and the workspace where it is not 0.
+
+    Example::
+
+        pass_costs_dict(profile.measurement(1).layers[0])["forward_ms"]
+    """
+    out: dict[str, Any] = {
+        "forward_ms": timing.forward_ms,
+        "backward_ms": timing.backward_ms,
+        "backward_input_ms": timing.backward_input_ms,
+        "backward_weight_ms": timing.backward_weight_ms,
+        "output_bytes": timing.output_bytes,
+        "saved_bytes": timing.saved_bytes,
+    }
+    if timing.workspace_bytes:
+        out["workspace_bytes"] = timing.workspace_bytes
+    return out
+
+
 @dataclass
 class ShardTiming:
     """One rank's shard of a layer at one microbatch size and one tensor-parallel setting.
@@ -196,16 +218,7 @@ class ShardTiming:
         return sum(c.bytes for c in self.collectives if c.phase == phase)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "forward_ms": self.forward_ms,
-            "backward_ms": self.backward_ms,
-            "backward_input_ms": self.backward_input_ms,
-            "backward_weight_ms": self.backward_weight_ms,
-            "output_bytes": self.output_bytes,
-            "saved_bytes": self.saved_bytes,
-        }
-        if self.workspace_bytes:
-            out["workspace_bytes"] = self.workspace_bytes
+        out = pass_costs_dict(self)
         if self.collectives:
             out["collectives"] = [c.to_dict() for c in self.collectives]
         if self.spread:
