@@ -94,9 +94,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
-    _register_commands()
     try:
         with handle_signals():
+            # The commands import torch (seconds on a loaded machine): a Ctrl-C then is
+            # handled as during the command itself.
+            _register_commands()
             result = app(args=args, prog_name="pipeplan", standalone_mode=False)
     except Interrupted as exc:  # the clean-up ran on the way out (try/finally)
         if debug:

@@ -30,6 +30,7 @@ from planner.schedule import build_schedule
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 
+ROOT = Path(__file__).resolve().parents[1]
 PIPEPLAN = [sys.executable, "-m", "planner.cli"]
 TAG = "PIPEPLAN_TEST_TAG"
 HARD_TIMEOUT_S = 90
@@ -217,6 +218,21 @@ def test_ctrl_c_while_profiling_stops_the_measuring_child_and_writes_nothing(
         started.kill_leftovers()
     assert_ended_cleanly(started, code, err, 130, "interrupted by SIGINT")
     assert not out.exists()
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path: Path) -> None:
+    """A Ctrl-C in the first second, while the commands import torch (1.5 s of the CLI's
+    start on the development VM, seconds on a loaded one): exit 130 and one line, as later."""
+    profile, topology = ROOT / "profiles" / "mlp.json", ROOT / "topologies" / "nvlink.yaml"
+    args = ["solve", "--profile", str(profile), "--topology", str(topology), "-o", "p.json"]
+    started = start(args, tmp_path)
+    try:
+        time.sleep(0.9)  # past the interpreter's own start (0.4 s with planner.cli)
+        os.killpg(started.proc.pid, signal.SIGINT)
+        code, err = started.finish()
+    finally:
+        started.kill_leftovers()
+    assert_ended_cleanly(started, code, err, 130, "interrupted by SIGINT")
 
 
 def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_exits() -> None:
