@@ -20,9 +20,12 @@ import os
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from planner.datafile import decode_yaml, read_data
 from planner.errors import InputError
+from planner.limits import short_repr
+from planner.records import NAME, Keys, Kind, Length, Name, OneOf, Text, read_record
 from planner.units import parse_bandwidth, parse_bytes
 
 __all__ = [
@@ -44,17 +47,6 @@ EFFICIENCY_NAMES = ("matmul", "attention", "memory")
 PRECISION_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """Keys of an entry's ``tflops``; fp32, bf16 and fp16 are required."""
 _REQUIRED_PRECISIONS = ("fp32", "bf16", "fp16")
-_ENTRY_KEYS = {
-    "name",
-    "description",
-    "tflops",
-    "memory",
-    "memory_bandwidth",
-    "interconnect_bandwidth",
-    "source",
-    "efficiency",
-    "measure",
-}
 
 
 @dataclass(frozen=True)
@@ -134,19 +126,15 @@ def load_catalog() -> dict[str, GpuSpec]:
 
         sorted(load_catalog())   # ['a100-40gb-sxm', 'a100-80gb-sxm', 'b200', 'cpu', ...]
     """
-    import yaml
-
     source = "planner/data/gpus.yaml"
-    data = yaml.safe_load(_catalog_text())
+    data = decode_yaml(_catalog_text(), source=source)
     if not isinstance(data, dict) or data.get("schema") != CATALOG_SCHEMA:
         raise InputError(f"expected schema {CATALOG_SCHEMA!r}", file=source, field="schema")
-    default = _efficiency(data.get("default_efficiency", {}), Efficiency(), source)
-    entries = data.get("gpus")
-    if not isinstance(entries, dict) or not entries:
-        raise InputError("expected a mapping of GPU names to entries", file=source, field="gpus")
+    catalog = read_record(_Catalog, data, file=source, ignore={"schema"})
+    default = replace(Efficiency(), **catalog.default_efficiency)
     return {
-        str(name): gpu_from_dict(entry, name=str(name), source=source, default=default)
-        for name, entry in entries.items()
+        name: _spec(entry, name=name, source=source, where=f"gpus.{name}", default=default)
+        for name, entry in catalog.gpus.items()
     }
 
 
@@ -182,21 +170,100 @@ def gpu_spec(name_or_path: str | os.PathLike[str]) -> GpuSpec:
 
 
 def _user_entry(path: Path) -> GpuSpec:
-    import yaml
-
     source = str(path)
     if not path.is_file():
         raise InputError("file does not exist; expected a GPU entry in YAML", file=source)
+    data = read_data(path, what="a GPU entry in YAML")
+    name = data.get("name", path.stem) if isinstance(data, dict) else path.stem
+    return gpu_from_dict(data, name=str(name), source=source, default=Efficiency())
+
+
+def _positive_number(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not value > 0:
+        raise InputError("expected a positive number")
+    return float(value)
+
+
+def _tflops(value: Any) -> float:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError):
-        raise InputError("not valid YAML; expected a GPU entry", file=source) from None
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping (one GPU entry)", file=source)
-    name = data.get("name", path.stem)
-    if not isinstance(name, str) or not name:
-        raise InputError(f"expected a non-empty name, got {name!r}", file=source, field="name")
-    return gpu_from_dict(data, name=name, source=source, default=Efficiency())
+        return _positive_number(value) * 1e12
+    except InputError:
+        TFLOPS.fail(value)
+
+
+def _fraction(value: Any) -> float:
+    try:
+        ok = _positive_number(value) <= 1
+    except InputError:
+        ok = False
+    if not ok:
+        FRACTION.fail(value)
+    return float(value)
+
+
+def _positive(parse: Any, kind_name: str) -> Any:
+    def check(value: Any) -> Any:
+        parsed = parse(value)
+        if not parsed > 0:
+            raise InputError(f"expected a positive value, got {short_repr(value)}")
+        return parsed
+
+    return check
+
+
+def _source(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        SOURCE.fail(value)
+    return " ".join(value.split())
+
+
+TFLOPS = Kind("a positive number of dense TFLOP/s", _tflops)
+FRACTION = Kind("a fraction in (0, 1]", _fraction)
+SOURCE = Kind("where the numbers come from (a datasheet, a measurement)", _source)
+_Efficiencies = Annotated[dict[str, Annotated[float, FRACTION]], Keys(OneOf(EFFICIENCY_NAMES))]
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    """One entry as ``planner/data/gpus.yaml`` and a ``--gpu my-gpu.yaml`` file write it
+    (read by :func:`planner.records.read_record`; :func:`gpu_from_dict` makes the
+    :class:`GpuSpec`). ``tflops``, ``memory`` and ``memory_bandwidth`` are required unless
+    ``measure`` (the ``cpu`` entry, whose peaks are measured when profiling).
+
+    Example::
+
+        read_record(GpuEntry, {"source": "my datasheet", "measure": True}, file="my.yaml")
+    """
+
+    source: Annotated[str, SOURCE]
+    name: Name | None = None
+    description: Annotated[str, Text()] | None = None
+    tflops: Annotated[dict[str, Annotated[float, TFLOPS]], Keys(OneOf(PRECISION_KEYS))] | None = (
+        None
+    )
+    memory: (
+        Annotated[int, Kind("a positive size such as '80 GiB'", _positive(parse_bytes, ""))] | None
+    ) = None
+    memory_bandwidth: (
+        Annotated[
+            float, Kind("a positive bandwidth such as '3.35 TB/s'", _positive(parse_bandwidth, ""))
+        ]
+        | None
+    ) = None
+    interconnect_bandwidth: Annotated[
+        float, Kind("a bandwidth such as '450 GB/s' ('0 GB/s': none)", parse_bandwidth)
+    ] = 0.0
+    efficiency: _Efficiencies = field(default_factory=dict)
+    measure: bool = False
+
+
+@dataclass(frozen=True)
+class _Catalog:
+    """``planner/data/gpus.yaml``: the entries by name and the default efficiencies."""
+
+    gpus: Annotated[dict[str, GpuEntry], Keys(NAME), Length(1, 1000)]
+    default_efficiency: _Efficiencies = field(default_factory=dict)
 
 
 def gpu_from_dict(
@@ -211,128 +278,43 @@ def gpu_from_dict(
                        "memory_bandwidth": "1 TB/s", "source": "my datasheet"}, name="mine")
     """
     where = f"gpus.{name}" if source.startswith("planner/") else ""
+    read = read_record(GpuEntry, entry, file=source, field=where)
+    return _spec(read, name=name, source=source, where=where, default=default or Efficiency())
+
+
+def _spec(entry: GpuEntry, *, name: str, source: str, where: str, default: Efficiency) -> GpuSpec:
+    """The :class:`GpuSpec` of a read entry: the required fields of a datasheet entry."""
 
     def at(key: str) -> str:
         return f"{where}.{key}" if where else key
 
-    if not isinstance(entry, dict):
-        raise InputError("expected a mapping", file=source, field=where or None)
-    for key in entry:
-        if key not in _ENTRY_KEYS:
-            raise InputError(
-                f"unknown field {key!r}; expected one of {', '.join(sorted(_ENTRY_KEYS))}",
-                file=source,
-                field=at(str(key)),
-            )
-    source_text = entry.get("source")
-    if not isinstance(source_text, str) or not source_text.strip():
-        raise InputError(
-            "expected where the numbers come from (a datasheet, a measurement)",
-            file=source,
-            field=at("source"),
-        )
-    efficiency = _efficiency(entry.get("efficiency", {}), default or Efficiency(), source, where)
-    measure = entry.get("measure", False)
-    if not isinstance(measure, bool):
-        raise InputError(
-            f"expected true or false, got {measure!r}", file=source, field=at("measure")
-        )
-    description = str(entry.get("description", name))
-    source_text = " ".join(source_text.split())
-    if measure:  # peaks come from a measurement when profiling (the cpu entry)
-        return GpuSpec(name, description, {}, 0, 0.0, 0.0, source_text, efficiency, measure=True)
-    return GpuSpec(
-        name=name,
-        description=description,
-        peak_flops_per_s=_tflops(entry.get("tflops"), source, at("tflops")),
-        memory_bytes=_positive(parse_bytes, entry, "memory", source, at("memory")),
-        memory_bytes_per_s=_positive(
-            parse_bandwidth, entry, "memory_bandwidth", source, at("memory_bandwidth")
-        ),
-        interconnect_bytes_per_s=parse_bandwidth(
-            entry.get("interconnect_bandwidth", "0 GB/s"),
-            file=source,
-            field=at("interconnect_bandwidth"),
-        ),
-        source=source_text,
-        efficiency=efficiency,
-    )
-
-
-def _positive(parse: Any, entry: dict[str, Any], key: str, source: str, field: str) -> Any:
-    if key not in entry:
-        raise InputError("missing", file=source, field=field)
-    value = parse(entry[key], file=source, field=field)
-    if not value > 0:
-        raise InputError(f"expected a positive value, got {entry[key]!r}", file=source, field=field)
-    return value
-
-
-def _tflops(raw: Any, source: str, field: str) -> dict[str, float]:
-    if not isinstance(raw, dict):
+    efficiency = replace(default, **entry.efficiency)
+    description = entry.description or name
+    if entry.measure:  # peaks come from a measurement when profiling (the cpu entry)
+        return GpuSpec(name, description, {}, 0, 0.0, 0.0, entry.source, efficiency, measure=True)
+    if entry.tflops is None:
         raise InputError(
             f"expected a mapping of precision to dense TFLOP/s ({', '.join(PRECISION_KEYS)})",
             file=source,
-            field=field,
+            field=at("tflops"),
         )
-    out: dict[str, float] = {}
-    for key, value in raw.items():
-        if key not in PRECISION_KEYS:
-            raise InputError(
-                f"unknown precision {key!r}; expected {', '.join(PRECISION_KEYS)}",
-                file=source,
-                field=f"{field}.{key}",
-            )
-        if not _positive_number(value):
-            raise InputError(
-                f"expected a positive number of TFLOP/s, got {value!r}",
-                file=source,
-                field=f"{field}.{key}",
-            )
-        out[str(key)] = float(value) * 1e12
-    missing = [k for k in _REQUIRED_PRECISIONS if k not in out]
+    missing = [k for k in _REQUIRED_PRECISIONS if k not in entry.tflops]
     if missing:
-        raise InputError(f"missing {', '.join(missing)}", file=source, field=field)
-    return out
-
-
-def _positive_number(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
+        raise InputError(f"missing {', '.join(missing)}", file=source, field=at("tflops"))
+    for key in ("memory", "memory_bandwidth"):
+        if getattr(entry, key) is None:
+            raise InputError("missing", file=source, field=at(key))
+    assert entry.memory is not None and entry.memory_bandwidth is not None
+    return GpuSpec(
+        name=name,
+        description=description,
+        peak_flops_per_s=dict(entry.tflops),
+        memory_bytes=entry.memory,
+        memory_bytes_per_s=entry.memory_bandwidth,
+        interconnect_bytes_per_s=entry.interconnect_bandwidth,
+        source=entry.source,
+        efficiency=efficiency,
     )
-
-
-def _efficiency(raw: Any, base: Efficiency, source: str, where: str = "") -> Efficiency:
-    field = f"{where}.efficiency" if where else "efficiency"
-    if not isinstance(raw, dict):
-        raise InputError(
-            f"expected a mapping of {', '.join(EFFICIENCY_NAMES)} to fractions",
-            file=source,
-            field=field,
-        )
-    values = base.to_dict()
-    for key, value in raw.items():
-        values[_efficiency_name(key, field, source)] = _fraction(value, f"{field}.{key}", source)
-    return Efficiency(**values)
-
-
-def _efficiency_name(key: Any, field: str, source: str | None) -> str:
-    if key not in EFFICIENCY_NAMES:
-        raise InputError(
-            f"unknown efficiency {key!r}; expected {', '.join(EFFICIENCY_NAMES)}",
-            file=source,
-            field=field,
-        )
-    return str(key)
-
-
-def _fraction(value: Any, field: str, source: str | None) -> float:
-    if not _positive_number(value) or value > 1:
-        raise InputError(f"expected a fraction in (0, 1], got {value!r}", file=source, field=field)
-    return float(value)
 
 
 def parse_efficiency(text: str | None, base: Efficiency) -> Efficiency:
@@ -353,10 +335,17 @@ def parse_efficiency(text: str | None, base: Efficiency) -> Efficiency:
                 f"expected NAME=FRACTION pairs separated by commas (e.g. matmul=0.6), got {item!r}",
                 field="--efficiency",
             )
-        name = _efficiency_name(key, "--efficiency", None)
         try:
+            name = OneOf(EFFICIENCY_NAMES).check(key)
             number: Any = float(raw)
         except ValueError:
             number = raw
-        values[name] = _fraction(number, "--efficiency", None)
+        except InputError as exc:
+            raise InputError(
+                f"unknown efficiency {key!r}; {exc.message}", field="--efficiency"
+            ) from None
+        try:
+            values[name] = FRACTION.check(number)
+        except InputError as exc:
+            raise InputError(exc.message, field="--efficiency") from None
     return Efficiency(**values)

@@ -94,7 +94,7 @@ def test_a_users_own_entry(tmp_path: Path) -> None:
         (
             {"tflops": {"fp32": 1, "bf16": 2, "fp16": 2, "int4": 9}, "source": "x"},
             "tflops.int4",
-            "unknown precision",
+            "expected one of fp32, tf32, bf16, fp16, fp8, got 'int4'",
         ),
         (
             {"tflops": {"fp32": 1, "bf16": 2, "fp16": 2}, "memory": "1 GiB", "source": "x"},
@@ -143,3 +143,19 @@ def test_efficiency_overrides() -> None:
         with pytest.raises(InputError, match=words.replace("(", r"\(").replace("]", r"\]")) as e:
             parse_efficiency(bad, base)
         assert e.value.field == "--efficiency"
+
+
+def test_a_users_entry_is_read_as_every_data_file_is(tmp_path: Path) -> None:
+    """Duplicate keys, deep nesting and non-YAML are one line naming the file, as for a
+    topology (planner.datafile), not a traceback or a silently kept last value."""
+    entry = 'source: x\nmeasure: true\nsource: "y"\n'
+    (tmp_path / "dup.yaml").write_text(entry)
+    with pytest.raises(InputError, match="given twice") as info:
+        gpu_spec(tmp_path / "dup.yaml")
+    assert info.value.file == str(tmp_path / "dup.yaml")
+    (tmp_path / "deep.yaml").write_text("source: x\nefficiency: " + "[" * 5000 + "]" * 5000)
+    with pytest.raises(InputError) as info:
+        gpu_spec(tmp_path / "deep.yaml")
+    assert info.value.file == str(tmp_path / "deep.yaml")
+    (tmp_path / "ok.yaml").write_text("name: mine\nsource: my bench\nmeasure: true\n")
+    assert gpu_spec(tmp_path / "ok.yaml").name == "mine"
