@@ -27,6 +27,7 @@ from planner.profile.analytic import analytic_info
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
+from planner.runtime.mesh import describe_device
 from planner.simulate import SimEvent, SimResult
 from planner.units import format_bytes
 
@@ -85,6 +86,9 @@ class RunReport:
     # an analytic profile (a roofline of the GPU's datasheet, not a measurement); None when
     # the plan's profile was not at hand.
     prediction_source: str | None = None
+    # run_plan(count_collectives=True): each collective the last step's forwards and
+    # backwards issued ({device, kind, stage, microbatch, op, bytes, phase}).
+    collectives: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def global_batch(self) -> int:
@@ -244,6 +248,8 @@ def build_report(
     for r in ranks:
         for d in r["devices"]:
             where[d] = f"rank {r['rank']} ({r['torch_device']})"
+            groups = describe_device(plan.stages, d)  # tensor parallelism, sharding
+            where[d] += f"; {groups}" if groups else ""
             memory[d] = int(r["peak_memory_bytes"])
     stage_ms: dict[str, float] = {}
     for r in ranks:
@@ -288,6 +294,7 @@ def build_report(
         notes=notes,
         precision=str(ranks[0].get("precision", "fp32")),
         skipped_steps=[i for i, skip in enumerate(ranks[0].get("skipped", [])) if skip],
+        collectives=[c for r in ranks for c in r.get("collectives", [])],
     )
 
 

@@ -40,6 +40,7 @@ from planner.profile.loader import check_model_path
 from planner.profile.schema import load_profile
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env, wait_for_rendezvous
 from planner.runtime.launch import launch_local
+from planner.runtime.mesh import check_parallel_run
 from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
 from planner.runtime.settings import RunSettings, WorkerConfig
@@ -47,7 +48,6 @@ from planner.runtime.worker import stream_2bw, worker_main
 from planner.schedule import as_stream, validate_schedule
 from planner.simulate import simulate
 from planner.simulate.one_device import one_device_prediction
-from planner.stages import refuse_tensor_parallel
 
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
@@ -128,8 +128,6 @@ def check_plan(
         settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
     """
     where = plan_source or "<plan>"
-    for stage in plan.stages:  # until issue 22's runtime slice lands
-        refuse_tensor_parallel(stage, command="run", source=where)
     schedule = plan.schedule
     if schedule.iterations != 1:
         raise InputError(
@@ -257,6 +255,7 @@ def worker_config(
     lr: float | None = None,
     return_params: bool = False,
     plan_source: str | None = None,
+    count_collectives: bool = False,
 ) -> WorkerConfig:
     """What every worker reads (as JSON, :meth:`WorkerConfig.to_dict`).
 
@@ -285,6 +284,7 @@ def worker_config(
         lr=lr,
         return_params=return_params,
         layer_names=settings.layer_names,
+        count_collectives=count_collectives,
     )
 
 
@@ -329,13 +329,16 @@ def run_plan(
     optimizer: str | None = None,
     precision: str | None = None,
     return_params: bool = False,
+    count_collectives: bool = False,
 ) -> RunReport:
     """Train ``steps`` (+ ``warmup``) iterations exactly as the plan says; measured report.
 
     Raises InputError for a plan that does not fit the model, RunFailed when a rank fails.
     ``optimizer`` overrides the profile's (adam, adamw, sgd, momentum), ``lr`` its default
     rate; ``precision`` must be the profile's (:func:`run_precision`); ``return_params`` puts
-    the trained parameters in ``report.parameters``.
+    the trained parameters in ``report.parameters`` (a tensor-parallel or sharded one
+    gathered whole); ``count_collectives`` puts the collectives each forward and backward of
+    the last step issued in ``report.collectives`` (a check: it slows the steps).
 
     Example::
 
@@ -350,6 +353,7 @@ def run_plan(
     if optimizer is not None:  # checked here, before any process starts
         settings.optimizer = check_optimizer(optimizer, field="optimizer")
     settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
+    check_parallel_run(plan, placement, settings.precision, source=plan_source or "<plan>")
     parse_fault(os.environ.get(FAULT_ENV), placement.world_size)  # before any process starts
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
@@ -366,6 +370,7 @@ def run_plan(
             lr=lr,
             return_params=return_params,
             plan_source=plan_source,
+            count_collectives=count_collectives,
         )
         result = launch_local(
             config, placement.world_size, timeout_s=timeout_s, model_shown=str(model_path)
@@ -457,6 +462,7 @@ def run_this_rank(
         plan_path, model_path, device=device, world_size=world, plan_source=source
     )
     settings.precision = run_precision(settings, precision, source, schedule=plan.schedule)
+    check_parallel_run(plan, placement, settings.precision, source=source)
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     parameters = None
     try:

@@ -56,7 +56,9 @@ class WorkerConfig:
 
     ``init_method`` is the rendezvous (``tcp://...`` for a local launch, ``env://`` under
     torchrun); ``return_params`` makes rank 0 save the trained parameters; ``layer_names``
-    (the profile's, when it was found) is what every rank checks its split against.
+    (the profile's, when it was found) is what every rank checks its split against;
+    ``count_collectives`` records the collectives of each forward and backward
+    (:mod:`planner.runtime.collective_count`).
 
     Example::
 
@@ -80,6 +82,7 @@ class WorkerConfig:
     return_params: bool = False
     init_method: str | None = None
     layer_names: list[str] | None = None
+    count_collectives: bool = False  # record each action's collectives (a check, slower)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form the workers read.
@@ -106,6 +109,7 @@ class WorkerConfig:
             "return_params": self.return_params,
             "init_method": self.init_method,
             "layer_names": self.layer_names,
+            "count_collectives": self.count_collectives,
         }
 
     @classmethod
@@ -135,4 +139,5 @@ class WorkerConfig:
             return_params=bool(data.get("return_params")),
             init_method=data.get("init_method"),
             layer_names=data.get("layer_names"),
+            count_collectives=bool(data.get("count_collectives")),
         )
