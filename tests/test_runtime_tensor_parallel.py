@@ -63,7 +63,9 @@ def parallel_plan(
     stages = parse_stages(text, recompute=list(recompute))
     stages = with_parallelism(stages, sequence_parallel=sequence_parallel)
     if sharding:
-        stages = [dataclasses.replace(st, sharding=s) for st, s in zip(stages, sharding, strict=True)]
+        stages = [
+            dataclasses.replace(st, sharding=s) for st, s in zip(stages, sharding, strict=True)
+        ]
     return Plan(
         profile=profile or FileRef("<memory>", ""),
         topology=FileRef("<none>", ""),
@@ -180,8 +182,8 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
     topo = load_topology(topology)
     counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
     for c in report.collectives:
-        key = (c["device"], c["stage"], c["microbatch"], c["phase"])
-        counted.setdefault(key, []).append((c["op"], c["bytes"]))
+        key = (c.device, c.stage, c.microbatch, c.phase)
+        counted.setdefault(key, []).append((c.op, c.bytes))
     timings = profile.measurement(MBS).layers
     for st in plan.stages:  # stage s is layer s
         listed = timings[st.first].sharded["tp2-sp"].collectives
@@ -193,9 +195,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
                     assert counted.get((dev, st.id, k, phase), []) == want, (dev, st.id, k)
         forward_ms, backward_ms = pass_collective_ms(profile, topo, st, group, MBS)
         run_ms = {
-            phase: sum(
-                collective_ms(topo, group, c) for c in listed if c.phase == phase
-            )
+            phase: sum(collective_ms(topo, group, c) for c in listed if c.phase == phase)
             for phase in ("forward", "backward")
         }
         assert forward_ms == pytest.approx(run_ms["forward"]) and forward_ms + backward_ms > 0
@@ -229,4 +229,3 @@ def test_a_sharded_stage_holding_a_tied_parameter_is_one_line(
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "tied parameter" in err and "stages[0]" in err
-

@@ -21,7 +21,7 @@ import typer
 from planner.errors import InputError
 from planner.outputs import Outputs
 from planner.precision import check_precision
-from planner.profile.analytic import analytic_info, analytic_profile, check_analytic_settings
+from planner.profile.analytic import analytic_profile, check_analytic_settings
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.profile.isolated import call_isolated
 from planner.profile.loader import check_model_path, model_name
@@ -71,12 +71,12 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
 
     size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
     m = profile.measurement(size)
-    info = analytic_info(profile)
-    where = f"analytic for {info['gpu']['name']}" if info else f"on {profile.device}"
+    info = profile.settings.analytic
+    where = f"analytic for {info.gpu.name}" if info else f"on {profile.device}"
     caption = "bwd: whole backward; in, wt: its two halves; opt: optimizer step; act: saved for bwd"
     if info:
         flops = sum((t.forward_flops or 0) for t in m.layers)
-        eff = ", ".join(f"{k} {v:g}" for k, v in info["efficiency"].items())
+        eff = ", ".join(f"{k} {v:g}" for k, v in info.efficiency.to_dict().items())
         caption += (
             f"; times are a roofline, not measured (efficiency {eff}); "
             f"forward {flops / 1e12:.4g} TFLOP per microbatch"
@@ -84,7 +84,7 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     table = Table(
         title=f"{profile.model} {where}, {profile.precision}, microbatch size {size} "
         "(times in ms)"
-        + (f", captured with {profile.meta['capture']}" if profile.meta.get("capture") else ""),
+        + (f", captured with {profile.settings.capture}" if profile.settings.capture else ""),
         caption=caption,
     )
     for header in ("#", "layer", "fwd", "bwd", "in", "wt", "opt", "params", "act", "out"):
@@ -484,7 +484,7 @@ def _report(result: Profile, path: Path, seconds: float, *, as_json: bool, quiet
     err = Console(stderr=True)
     for line in pass_check_lines(result):
         err.print(f"warning: {line}")
-    batch_dependence = batch_dependence_warning(result.meta.get("batch_dependent") or [])
+    batch_dependence = batch_dependence_warning(list(result.settings.batch_dependent))
     if batch_dependence is not None:
         err.print(f"warning: {batch_dependence}")
     shards = ""

@@ -19,7 +19,8 @@ as a measured one, without running the model on any device:
 
 The profile holds, per layer and microbatch size, ``forward_flops``,
 ``backward_input_flops`` and ``backward_weight_flops`` beside the times, and its
-``meta.analytic`` names the GPU (with its numbers and their source) and the efficiencies.
+``settings.analytic`` (:class:`~planner.profile.settings.AnalyticInfo`, the file's
+``meta.analytic``) names the GPU (with its numbers and their source) and the efficiencies.
 
 Example::
 
@@ -45,6 +46,7 @@ from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.measure import ProgressFn, parse_microbatch_sizes
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.settings import AnalyticInfo, ProfileSettings
 from planner.profile.tensor_parallel import (
     TensorParallelRequest,
     check_readable,
@@ -54,7 +56,6 @@ from planner.profile.tensor_parallel import (
 __all__ = [
     "STEP_TRAFFIC",
     "AnalyticSettings",
-    "analytic_info",
     "analytic_profile",
     "check_analytic_settings",
 ]
@@ -206,8 +207,9 @@ def _profile(
         torch_version=torch.__version__,
         optimizer=settings.optimizer,
         precision=settings.precision,
-        meta=_meta(spec, settings, split, split_at, counter, time.perf_counter() - started),
+        meta=_meta(split, time.perf_counter() - started),
         tied_parameters=find_tied_parameters(split),
+        settings=_settings(spec, settings, split, split_at, counter),
     )
     if tensor_parallel is not None and plan_source is not None:
         _count_shards(
@@ -419,43 +421,30 @@ def _dtype(model: Any) -> str:
     return "float32"
 
 
-def _meta(
-    spec: GpuSpec,
-    settings: AnalyticSettings,
-    split: Any,
-    split_at: str | None,
-    counter: _Counter,
-    seconds: float,
-) -> dict[str, Any]:
+def _meta(split: Any, seconds: float) -> dict[str, Any]:
+    """The free facts of an analytic profile (its settings are ``Profile.settings``)."""
     return {
         "tool": "pipeplan profile --analytic",
         "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "analytic": {
-            "gpu": spec.to_dict(),
-            "efficiency": settings.efficiency.to_dict(),
-            "method": "roofline per aten operation on fake tensors (planner/profile/roofline.py)",
-            "autocast": "cpu" if settings.precision != "fp32" else None,
-            "optimizer_step_bytes_per_param_byte": STEP_TRAFFIC[settings.optimizer],
-            "layers_counted": counter.counted,
-            "layers_from_twins": counter.reused,
-            "one_capture_for_all_sizes": counter.dynamic,
-        },
-        "split_at": split_at,
         "split_points": list(split.split_points),
-        "capture": split.capture,
         "wall_seconds": round(seconds, 2),
         "host": {"platform": platform.platform(), "python": platform.python_version()},
     }
 
 
-def analytic_info(profile: Profile) -> dict[str, Any] | None:
-    """``meta.analytic`` of an analytic profile (the GPU, its numbers, the efficiencies);
-    None for a measured one.
-
-    Example::
-
-        info = analytic_info(load_profile("profiles/llama-h100.json"))
-        info["gpu"]["name"] if info else "measured"
-    """
-    info = profile.meta.get("analytic")
-    return info if isinstance(info, dict) else None
+def _settings(
+    spec: GpuSpec, settings: AnalyticSettings, split: Any, split_at: str | None, counter: _Counter
+) -> ProfileSettings:
+    """What the analytic profile was made with: its capture and split, and what its times
+    are a roofline of (``settings.analytic``)."""
+    analytic = AnalyticInfo(
+        gpu=spec,
+        efficiency=settings.efficiency,
+        method="roofline per aten operation on fake tensors (planner/profile/roofline.py)",
+        autocast="cpu" if settings.precision != "fp32" else None,
+        optimizer_step_bytes_per_param_byte=STEP_TRAFFIC[settings.optimizer],
+        layers_counted=counter.counted,
+        layers_from_twins=counter.reused,
+        one_capture_for_all_sizes=counter.dynamic,
+    )
+    return ProfileSettings(capture=split.capture, split_at=split_at, analytic=analytic)

@@ -133,7 +133,7 @@ def _capture(
             [inputs for inputs, _ in batches],
             sequence_parallel=sp,
             split_at=split_at,
-            capture=str(profile.meta.get("capture") or "fx"),
+            capture=profile.settings.capture_method,
             names=[layer.name for layer in profile.layers],
             dynamic_batch=dynamic_batch,
         )

@@ -163,7 +163,7 @@ def _capture(
         inputs,
         sequence_parallel=sequence_parallel,
         split_at=split_at,
-        capture=str(profile.meta.get("capture") or "fx"),
+        capture=profile.settings.capture_method,
         names=[layer.name for layer in profile.layers],
     )
 

@@ -15,17 +15,17 @@ Example::
     counter = CollectiveCounter()
     with counter.action("gpu0", "F", 0, 3):
         runtime.forward(3, inputs)
-    counter.take()   # [{'device': 'gpu0', 'kind': 'F', 'stage': 0, 'microbatch': 3,
-                     #   'op': 'all_reduce', 'bytes': 4096, 'phase': 'forward'}, ...]
+    counter.take()   # [CountedCollective(device='gpu0', kind='F', stage=0, microbatch=3,
+                     #   op='all_reduce', bytes=4096, phase='forward'), ...]
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from planner.profile.collective_log import CollectiveLog
+from planner.runtime.measured import CountedCollective
 
 __all__ = ["CollectiveCounter"]
 
@@ -34,7 +34,7 @@ class CollectiveCounter:
     """Records each action's collectives; :meth:`take` hands over those of the step."""
 
     def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
+        self.entries: list[CountedCollective] = []
 
     @contextlib.contextmanager
     def action(self, device: str, kind: str, stage: int, microbatch: int) -> Iterator[None]:
@@ -51,18 +51,10 @@ class CollectiveCounter:
             yield
         for c in log.collectives:
             self.entries.append(
-                {
-                    "device": device,
-                    "kind": kind,
-                    "stage": stage,
-                    "microbatch": microbatch,
-                    "op": c.op,
-                    "bytes": c.bytes,
-                    "phase": c.phase,
-                }
+                CountedCollective(device, kind, stage, microbatch, c.op, c.bytes, c.phase)
             )
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[CountedCollective]:
         """The entries recorded since the last call, in the order they ran.
 
         Example::

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from planner.runtime.comm import P2P, MessageKey, Pending, ValueSpec, message_key
+from planner.runtime.measured import CountedCollective, MeasuredEvent
 from planner.runtime.mesh import member_position
 from planner.schedule.actions import Action, ActionType
 
@@ -67,19 +68,6 @@ _T = ActionType
 
 
 @dataclass
-class MeasuredEvent:
-    """One executed action: times in ms from the start of the step."""
-
-    device: str
-    kind: str
-    stage: int
-    microbatch: int
-    start_ms: float
-    end_ms: float
-    iteration: int = 0  # ALLREDUCE/STEP: which occurrence (an iteration of a 2bw stream)
-
-
-@dataclass
 class StepResult:
     """What one step of this process produced."""
 
@@ -87,7 +75,7 @@ class StepResult:
     loss_microbatches: list[int] = field(default_factory=list)  # ... and their microbatches
     events: list[MeasuredEvent] = field(default_factory=list)
     seconds: float = 0.0
-    collectives: list[dict[str, Any]] = field(default_factory=list)  # with a counter
+    collectives: list[CountedCollective] = field(default_factory=list)  # with a counter
 
 
 class _Wait:

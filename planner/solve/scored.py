@@ -14,10 +14,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.shape import PlanShape
 from planner.solve.options import AUTO_SCHEDULES
+
+if TYPE_CHECKING:
+    from planner.simulate.result import SimResult
 
 __all__ = ["Scored", "tie_text"]
 
@@ -50,7 +53,7 @@ class Scored:
     iteration_ms: float
     fits: bool
     memory: dict[str, int]
-    result: Any
+    result: SimResult | None
     origin: str
 
     @property
