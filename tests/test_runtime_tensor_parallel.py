@@ -203,12 +203,22 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
     assert sum(len(v) for v in counted.values()) == len(report.collectives) > 0
 
 
-def _refused(plan: Plan, match: str, **options: object) -> None:
+def _refused(plan: Plan | Path, match: str, model: Path = GPT, **options: object) -> InputError:
     with pytest.raises(InputError, match=match) as info:
-        run_plan(plan, GPT, steps=1, warmup=0, timeout_s=30, **options)  # type: ignore[arg-type]
+        run_plan(plan, model, steps=1, warmup=0, timeout_s=30, **options)  # type: ignore[arg-type]
     assert "\n" not in info.value.one_line()
+    return info.value
 
 
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal must come before any process starts."""
+    from planner.runtime import runner
+
+    monkeypatch.setattr(runner, "launch_local", lambda *a, **k: pytest.fail("launched"))
+
+
+@pytest.mark.usefixtures("no_launch")
 def test_what_cannot_run_exactly_is_refused_before_any_process_starts() -> None:
     tp = "0-1:cpu0+cpu1;2-3:cpu2+cpu3"
     _refused(parallel_plan(tp, "1f1b"), "shared mode", device_map="cpu0=0,cpu1=1,cpu2=0,cpu3=1")
@@ -218,9 +228,26 @@ def test_what_cannot_run_exactly_is_refused_before_any_process_starts() -> None:
     _refused(parallel_plan(sharded, "zb", sharding=("fsdp", "fsdp")), "zero bubble")
 
 
+@pytest.mark.usefixtures("no_launch")
+def test_a_tied_parameter_the_profile_lists_is_refused_before_launch(tmp_path: Path) -> None:
+    from planner.profile import profile_model
+
+    profile = profile_model(MODELS / "tied.py", [MBS], repeat=1, warmup=0)
+    profile_path = tmp_path / "tied.json"
+    profile.save(profile_path)
+    ref = FileRef(str(profile_path), sha256_file(profile_path))
+    plan = parallel_plan("0-2:cpu0;3-5:cpu1,cpu2", "1f1b", sharding=("none", "fsdp"), profile=ref)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    error = _refused(path, "holds the tied parameter 'embed.weight'", model=MODELS / "tied.py")
+    assert error.file == str(path) and error.field == "stages[1]"
+
+
 def test_a_sharded_stage_holding_a_tied_parameter_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """Without the plan's profile the launcher cannot know the ties: the rank that finds
+    one in the model refuses, and the run exits 2 with one line naming the plan file."""
     plan = parallel_plan("0-2:cpu0,cpu1;3-5:cpu2", "1f1b", sharding=("zero1", "none"))
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -228,4 +255,4 @@ def test_a_sharded_stage_holding_a_tied_parameter_is_one_line(
         main(["run", str(path), "--model", str(MODELS / "tied.py"), "--steps", "1"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "tied parameter" in err and "stages[0]" in err
+    assert "tied parameter" in err and f"{path}: stages[0]" in err

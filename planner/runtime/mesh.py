@@ -37,6 +37,7 @@ from planner.errors import InputError
 
 if TYPE_CHECKING:
     from planner.plan import Plan
+    from planner.profile.tied import TiedParameter
     from planner.runtime.placement import Placement
     from planner.stages import StageSpec
 
@@ -46,6 +47,7 @@ __all__ = [
     "describe_device",
     "is_parallel",
     "member_position",
+    "refuse_parallel_ties",
     "stage_meshes",
 ]
 
@@ -147,18 +149,26 @@ def _mesh(grid: list[list[int]], held: StageMesh, device_type: str, st: StageSpe
 
 
 def check_parallel_run(
-    plan: Plan, placement: Placement, precision: str | None, *, source: str | None = None
+    plan: Plan,
+    placement: Placement,
+    precision: str | None,
+    *,
+    source: str | None = None,
+    ties: Sequence[TiedParameter] = (),
 ) -> None:
     """Refuse, in one line naming the stage, a tensor-parallel or sharded plan this run
     cannot execute exactly: several plan devices in one process (shared mode: a group's
     members must be processes of their own, and one process would block in one stage's
     collective while its peer waits in another's), 2bw (two weight versions; sharding
-    steps after a flush), FSDP with zero bubble's split backward, and fp16 loss scaling.
+    steps after a flush), FSDP with zero bubble's split backward, fp16 loss scaling, and a
+    tied parameter (``ties``: the plan's profile's) on such a stage
+    (:func:`refuse_parallel_ties`).
 
     Example::
 
         check_parallel_run(plan, placement, "fp32", source="plan.json")
     """
+    refuse_parallel_ties(ties, plan.stages, source)
     schedule = plan.schedule
     for st in plan.stages:
         if st.is_plain:
@@ -176,6 +186,31 @@ def check_parallel_run(
                 file=source,
                 field=f"{where}.sharding",
             )
+
+
+def refuse_parallel_ties(
+    ties: Sequence[TiedParameter], stages: Sequence[StageSpec], source: str | None
+) -> None:
+    """A tied parameter on a tensor-parallel or sharded stage: one line naming the stage.
+    Its copies meet outside the stage's sharding (:mod:`planner.runtime.tied` sums whole
+    gradients), and a vocabulary-parallel split of a tied embedding is not run. The
+    launcher checks the profile's ties before any process starts; each rank checks the
+    ties it finds in the model (a plan whose profile is not at hand).
+
+    Example::
+
+        refuse_parallel_ties(profile.tied_parameters, plan.stages, "plan.json")
+    """
+    for tie in ties:
+        for spec in stages:
+            if not spec.is_plain and tie.held_by(spec.first, spec.last):
+                raise InputError(
+                    f"stage {spec.id} ({spec.describe()}) holds the tied parameter "
+                    f"{tie.name!r}, which run does not split or shard; keep the stages "
+                    "that hold it on one device per replica, unsharded",
+                    file=source,
+                    field=f"stages[{spec.id}]",
+                )
 
 
 def _refusal(placement: Placement, plan: Plan, precision: str | None) -> str | None:

@@ -273,6 +273,7 @@ def worker_config(
         lr=lr,
         return_params=return_params,
         count_collectives=count_collectives,
+        plan_source=plan_source,
     )
 
 
@@ -343,7 +344,8 @@ def run_plan(
         settings.training = dataclasses.replace(settings.training, optimizer=optimizer)
     chosen = run_precision(settings, precision, plan_source, schedule=plan.schedule)
     settings.training = dataclasses.replace(settings.training, precision=chosen)
-    check_parallel_run(plan, placement, chosen, source=plan_source or "<plan>")
+    ties = settings.profile.tied_parameters if settings.profile is not None else []
+    check_parallel_run(plan, placement, chosen, source=plan_source or "<plan>", ties=ties)
     parse_fault(os.environ.get(FAULT_ENV), placement.world_size)  # before any process starts
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
@@ -453,7 +455,8 @@ def run_this_rank(
     )
     chosen = run_precision(settings, precision, source, schedule=plan.schedule)
     settings.training = dataclasses.replace(settings.training, precision=chosen)
-    check_parallel_run(plan, placement, chosen, source=source)
+    ties = settings.profile.tied_parameters if settings.profile is not None else []
+    check_parallel_run(plan, placement, chosen, source=source, ties=ties)
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     parameters = None
     try:

@@ -98,3 +98,4 @@ class WorkerConfig:
     return_params: bool = False
     init_method: str | None = None
     count_collectives: bool = False  # record each action's collectives (a check, slower)
+    plan_source: str | None = None  # the plan's file, for the ranks' one-line refusals

@@ -60,7 +60,7 @@ from planner.records import read_record, record_dict
 from planner.runtime.comm import P2P, cut_specs, message_order
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
 from planner.runtime.measured import CountedCollective, MeasuredEvent, RankResult, RunResult
-from planner.runtime.mesh import stage_meshes
+from planner.runtime.mesh import refuse_parallel_ties, stage_meshes
 from planner.runtime.placement import Placement
 from planner.runtime.settings import WorkerConfig
 from planner.schedule import as_stream
@@ -401,10 +401,9 @@ def _executor(
 
     # The stages' groups exist (stage_meshes); then one group per tied parameter, in the
     # same order everywhere (planner.runtime.tied).
-    _refuse_parallel_ties(find_tied_parameters(split), plan, "the run's plan")
-    tied = TiedExchange.create(
-        find_tied_parameters(split), plan.stages, placement, rank, stages.names
-    )
+    ties = find_tied_parameters(split)
+    refuse_parallel_ties(ties, plan.stages, config.plan_source or "the run's plan")
+    tied = TiedExchange.create(ties, plan.stages, placement, rank, stages.names)
     # fp16: the loss scale, and the group of every rank that agrees on overflows (created
     # on every rank, after the tie groups).
     scaler, scale_group = None, None
@@ -443,21 +442,6 @@ def _executor(
         counter=CollectiveCounter() if config.count_collectives else None,
     )
     return executor, scaler
-
-
-def _refuse_parallel_ties(ties: Any, plan: Plan, source: str) -> None:
-    """A tied parameter on a tensor-parallel or sharded stage: one line (its split across
-    a group, vocabulary-parallel, is not run; its gradients meet outside the sharding)."""
-    for tie in ties:
-        for spec in plan.stages:
-            if not spec.is_plain and tie.held_by(spec.first, spec.last):
-                raise InputError(
-                    f"stage {spec.id} ({spec.describe()}) holds the tied parameter "
-                    f"{tie.name!r}, which run does not split or shard; keep the stages "
-                    "that hold it on one device per replica, unsharded",
-                    file=source,
-                    field=f"stages[{spec.id}]",
-                )
 
 
 def _batches(
