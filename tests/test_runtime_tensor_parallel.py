@@ -256,3 +256,39 @@ def test_a_sharded_stage_holding_a_tied_parameter_is_one_line(
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "tied parameter" in err and f"{path}: stages[0]" in err
+
+
+def test_a_tensor_parallel_stage_is_compared_with_its_shards_times() -> None:
+    """stage compute / profiled: a TP stage's measured forward and backward against its
+    shards' profiled times (tp2, or tp2-sp), a plain stage's against its whole layers."""
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+    from planner.runtime.calibrate import stage_ratios
+
+    profile = synthetic_tensor_parallel(synthetic_profile(4, microbatch_size=MBS), (2,))
+    measured = {"F0": 2.0, "B0": 4.0, "F1": 2.0, "B1": 4.0}  # a stage: two layers, 1 + 2 ms
+    for sp in (False, True):
+        plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2+cpu3", "1f1b", sequence_parallel=sp)
+        assert stage_ratios(profile, plan, measured) == {0: (2.0, 2.0), 1: (2.0, 2.0)}
+    plain = parallel_plan("0-1:cpu0;2-3:cpu1", "1f1b")
+    assert stage_ratios(profile, plain, measured) == {0: (1.0, 1.0), 1: (1.0, 1.0)}
+
+
+def test_calibrating_from_a_tensor_parallel_run_is_refused_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+
+    profile = synthetic_tensor_parallel(synthetic_profile(4, microbatch_size=MBS), (2,))
+    profile_path = tmp_path / "p.json"
+    profile.save(profile_path)
+    ref = FileRef(str(profile_path), sha256_file(profile_path))
+    plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2+cpu3", "1f1b", profile=ref)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    out = tmp_path / "calibrated.json"
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(path), "--model", str(GPT), "--calibrate", str(out)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{path}: --calibrate" in err and "stage 0 is tensor parallel" in err
+    assert not out.exists()
