@@ -71,15 +71,27 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A ``DTensor``'s whole value (a collective over its mesh: every rank holding it calls
-    this, in one order); any other tensor itself.
+    this, in one order); any other tensor itself. torch's note that an FSDP-and-TP
+    parameter gathers in two steps (a performance remark, once per parameter) is kept off
+    the run's output.
 
     Example::
 
         full_tensor(p).to("cpu")
     """
+    import logging
+
     from torch.distributed.tensor import DTensor
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    log = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return t.full_tensor()
+    finally:
+        log.setLevel(level)
 
 
 def _grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
