@@ -122,7 +122,12 @@ class ReplicaSync:
         return Pending([work], [flat], threaded=threaded)
 
     def finish(self, pending: Pending, params: Sequence[torch.Tensor]) -> None:
-        """Wait, then write the sums back into the gradients."""
+        """Wait, then write the sums back into the gradients.
+
+        Example::
+
+            sync.finish(pending, params)   # each p.grad now the replicas' sum
+        """
         pending.wait()
         _unflatten(pending.buffers[0], [p.grad for p in params])  # type: ignore[misc]
 
@@ -172,7 +177,12 @@ class ZeroOne:
         return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
 
     def launch(self, params: Sequence[torch.Tensor], *, threaded: bool) -> Pending:
-        """Start the reduce-scatter of the gradients (this replica keeps its part)."""
+        """Start the reduce-scatter of the gradients (this replica keeps its part).
+
+        Example::
+
+            pending = zero.launch(params, threaded=False)
+        """
         import torch.distributed as dist
 
         with torch.no_grad():
@@ -183,12 +193,22 @@ class ZeroOne:
         return Pending([work], [out, flat], threaded=threaded)
 
     def finish(self, pending: Pending, params: Sequence[torch.Tensor]) -> None:
-        """Wait; the summed part is what this replica's step reads."""
+        """Wait; the summed part is what this replica's step reads.
+
+        Example::
+
+            zero.finish(pending, params); zero.step()
+        """
         pending.wait()
         self.shard.grad = pending.buffers[0]
 
     def step(self, iteration: int = 0) -> None:
-        """Step this replica's part, all-gather the weights, clear the gradients."""
+        """Step this replica's part, all-gather the weights, clear the gradients.
+
+        Example::
+
+            zero.step()   # every replica's tensors hold the updated weights
+        """
         import torch.distributed as dist
 
         self.optimizer.step()
@@ -200,7 +220,12 @@ class ZeroOne:
         self.skip(iteration)
 
     def skip(self, iteration: int = 0) -> None:
-        """Clear the gradients (the buffers kept, in their layouts)."""
+        """Clear the gradients (the buffers kept, in their layouts).
+
+        Example::
+
+            zero.skip()   # fp16 overflow: no step, gradients zeroed
+        """
         self.shard.grad = None
         with torch.no_grad():
             for p in self.params:
@@ -219,15 +244,22 @@ class FsdpSync:
 
     def before_backward(self, microbatch: int) -> None:
         """Sync and reshard only on the last backward (the others accumulate whole
-        gradients), as torch.distributed.pipelining's stages do."""
+        gradients), as torch.distributed.pipelining's stages do.
+
+        Example::
+
+            FsdpSync(module, last_backward=3).before_backward(3)   # this one syncs
+        """
         last = microbatch == self.last_backward
         self.module.set_requires_gradient_sync(last)
         self.module.set_reshard_after_backward(last)
 
     def launch(self, params: Sequence[torch.Tensor], *, threaded: bool) -> None:
+        """Nothing to start: the last backward reduce-scattered the gradients."""
         return None
 
     def finish(self, pending: Any, params: Sequence[torch.Tensor]) -> None:
+        """Nothing to wait for."""
         return None
 
 
