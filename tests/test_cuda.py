@@ -1,5 +1,7 @@
 """On a CUDA GPU: shared-mode training equals one process, bf16 included, and the GPU
-profile predicts memory and adds up to its passes. Skipped where there is no GPU.
+profile predicts memory and adds up to its passes; tensor-parallel and sharded plans on
+NCCL equal one process (on 2, 4 and 8 GPUs), and on fewer GPUs than a TP plan's devices
+are refused with one line. Skipped where there is no GPU.
 
 Every plan runs on the one GPU in shared mode (all plan devices on rank 0, each on its own
 CUDA stream), against plain training in this process on the same GPU (tests/test_runtime.py's
@@ -164,3 +166,80 @@ def test_memory_prediction_within_ten_percent(large_profile: Path) -> None:
     predicted = result.memory_bytes["gpu0"]
     measured = report.peak_memory_bytes["gpu0"]
     assert 0.9 <= measured / predicted <= 1.1, (measured, predicted)
+
+
+# Tensor parallelism and sharding (issue 22) on NCCL: one process per GPU, each TP group's
+# members on GPUs of their own (NCCL refuses two ranks on one GPU). The plans, models and
+# tolerance are tests/test_runtime_tensor_parallel.py's gloo ones; the reference is the same
+# accumulation loop, on the GPU.
+TP_CASES = [
+    # (GPUs needed, model, stages, schedule, SP, sharding)
+    pytest.param(2, "gpt", "0-3:gpu0+gpu1", "1f1b", True, (), id="gpt-tp2-sp"),
+    pytest.param(
+        4, "llama", "0-2:gpu0+gpu1;3-4:gpu2+gpu3", "1f1b", True, (), id="llama-tp2-pp2-sp"
+    ),
+    pytest.param(
+        4, "gpt", "0:gpu0+gpu1;1:gpu2+gpu3;2:gpu0+gpu1;3:gpu2+gpu3", "interleaved", False, (),
+        id="gpt-tp2-pp2-interleaved",
+    ),
+    pytest.param(
+        8, "gpt", "0-1:gpu0+gpu1,gpu4+gpu5;2-3:gpu2+gpu3,gpu6+gpu7", "1f1b", True,
+        ("fsdp", "zero1"), id="gpt-tp2-pp2-dp2-fsdp-zero1",
+    ),
+]  # fmt: skip
+
+
+def tensor_parallel_run(
+    model: str, stages: str, schedule: str, sp: bool, sharding: tuple[str, ...], device: str
+) -> None:
+    """Run the plan with one process per plan device on ``device`` and compare losses and
+    every parameter element (gathered whole) with one process (1e-5 rel + 1e-6 abs)."""
+    from test_runtime_tensor_parallel import GPT, LLAMA, MBS, M, parallel_plan
+
+    from planner.runtime.reference import train_single_process
+
+    path = {"gpt": GPT, "llama": LLAMA}[model]
+    plan = parallel_plan(stages, schedule, sequence_parallel=sp, sharding=sharding)
+    report = run_plan(
+        plan, path, steps=2, warmup=0, device=device, timeout_s=240, optimizer="momentum",
+        lr=0.05, return_params=True,
+    )  # fmt: skip
+    assert not report.shared and report.device == device
+    ref = train_single_process(
+        path, steps=2, batch_size=MBS * M, optimizer="momentum", lr=0.05, microbatch_size=MBS,
+        device=device,
+    )  # fmt: skip
+    assert report.losses == pytest.approx(ref.losses, rel=1e-5, abs=1e-6)
+    assert report.parameters is not None and set(report.parameters) == set(ref.parameters)
+    for name, value in ref.parameters.items():
+        torch.testing.assert_close(report.parameters[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(("gpus", "model", "stages", "schedule", "sp", "sharding"), TP_CASES)
+def test_tensor_parallel_on_nccl_equals_one_process(
+    gpus: int, model: str, stages: str, schedule: str, sp: bool, sharding: tuple[str, ...]
+) -> None:
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs (one process per plan device)")
+    tensor_parallel_run(model, stages, schedule, sp, sharding, "cuda")
+
+
+def test_tensor_parallel_on_too_few_gpus_is_refused_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The TP2 shared-mode check: a TP2 x PP2 plan on fewer GPUs than its 4 devices would
+    put a group's members in one process (shared mode): refused with one line naming the
+    stage, before any process starts."""
+    from test_runtime_tensor_parallel import GPT, parallel_plan
+
+    from planner.errors import InputError
+    from planner.runtime import runner
+
+    if torch.cuda.device_count() >= 4:
+        pytest.skip("4 GPUs run this plan one process per device")
+    monkeypatch.setattr(runner, "launch_local", lambda *a, **k: pytest.fail("launched"))
+    plan = parallel_plan("0-1:gpu0+gpu1;2-3:gpu2+gpu3", "1f1b", sequence_parallel=True)
+    with pytest.raises(InputError, match="shared mode") as info:
+        run_plan(plan, GPT, steps=1, warmup=0, device="cuda", timeout_s=60)
+    assert info.value.field == "stages[0].tensor_parallel"
+    assert "\n" not in info.value.one_line()

@@ -168,6 +168,16 @@ def _declare_outputs(
             file=str(plan_path),
             field="--calibrate",
         )
+    grouped = [st.id for st in plan.stages if st.tensor_parallel > 1]
+    if calibrate is not None and grouped:
+        raise InputError(
+            f"stage {grouped[0]} is tensor parallel: its measured times hold the group's "
+            "collectives, which the simulator adds from the topology, so scaling the "
+            "profile's shard times by them would count the collectives twice; calibrate "
+            "with a plan without tensor parallelism",
+            file=str(plan_path),
+            field="--calibrate",
+        )
     return outs
 
 

@@ -30,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -257,11 +257,20 @@ def capture_for_plan(
     return Captured(user, model, plan, points, splits)
 
 
-def shard_captured(captured: Captured, mesh: Any, degree: int, *, copy: bool = False) -> Shard:
+def shard_captured(
+    captured: Captured,
+    mesh: Any,
+    degree: int,
+    *,
+    copy: bool = False,
+    only: Collection[str] | None = None,
+) -> Shard:
     """Step 3: the captured model sharded on ``mesh`` with torch's ``parallelize_module``
     (``copy``: a deep copy of the model and its splits, which share its modules, so that
     ``captured`` serves the next degree too); each layer's outputs waited for
-    (:class:`~planner.profile.collective_log.SettledLayer`).
+    (:class:`~planner.profile.collective_log.SettledLayer`). ``only``: the plan's entries
+    for these modules alone (a run shards each pipeline stage's modules on that stage's
+    group; None: the whole plan).
 
     Example::
 
@@ -280,11 +289,16 @@ def shard_captured(captured: Captured, mesh: Any, degree: int, *, copy: bool = F
         if copy:
             model, splits = copying.deepcopy((model, splits))
     plan = captured.plan  # module names and styles: the same for the copy
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
-        parallelize_module(model, mesh, dict(plan.styles))
+    styles = {k: v for k, v in plan.styles.items() if only is None or k in only}
+    if styles:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\.distributed.*")
+            parallelize_module(model, mesh, styles)
     for split in {id(s): s for s in splits}.values():
-        split.layers = [SettledLayer(layer) for layer in split.layers]
+        split.layers = [
+            layer if isinstance(layer, SettledLayer) else SettledLayer(layer)
+            for layer in split.layers
+        ]
     return Shard(plan, splits)
 
 

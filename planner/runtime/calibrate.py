@@ -20,16 +20,17 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 
-from planner.plan import Plan
-from planner.profile.schema import Profile
+from planner.plan import Plan, StageSpec
+from planner.profile.schema import LayerTiming, Profile
 from planner.profile.settings import Calibration
+from planner.profile.sharding import ShardTiming, shard_key
 
 __all__ = ["calibrated_profile", "stage_compute_ms", "stage_ratios"]
 
 
 def stage_compute_ms(profile: Profile, plan: Plan) -> dict[int, float]:
     """Per stage: its profiled forward plus backward per microbatch (what the ratios of
-    :func:`stage_ratios` divide by).
+    :func:`stage_ratios` divide by; a tensor-parallel stage's shards').
 
     Example::
 
@@ -38,7 +39,7 @@ def stage_compute_ms(profile: Profile, plan: Plan) -> dict[int, float]:
     layers = profile.measurement(plan.microbatch_size).layers
     out: dict[int, float] = {}
     for stage in plan.stages:
-        span = layers[stage.first : stage.last + 1]
+        span = [_timing(t, stage) for t in layers[stage.first : stage.last + 1]]
         fwd = sum(t.forward_ms for t in span)
         out[stage.id] = fwd + sum(t.backward_ms for t in span) + (fwd if stage.recompute else 0.0)
     return out
@@ -47,7 +48,10 @@ def stage_compute_ms(profile: Profile, plan: Plan) -> dict[int, float]:
 def stage_ratios(
     profile: Profile, plan: Plan, stage_ms: Mapping[str, float]
 ) -> dict[int, tuple[float, float]]:
-    """Per stage: (forward ratio, backward ratio) of measured to profiled time.
+    """Per stage: (forward ratio, backward ratio) of measured to profiled time. A
+    tensor-parallel stage's profiled time is its shards' (``sharded["tp2"]``, or
+    ``"tp2-sp"``): their compute alone, while the measured one also holds the collectives
+    the group ran inside the stage.
 
     Example::
 
@@ -56,7 +60,7 @@ def stage_ratios(
     layers = profile.measurement(plan.microbatch_size).layers
     out: dict[int, tuple[float, float]] = {}
     for stage in plan.stages:
-        span = layers[stage.first : stage.last + 1]
+        span = [_timing(t, stage) for t in layers[stage.first : stage.last + 1]]
         fwd = sum(t.forward_ms for t in span)
         bwd = sum(t.backward_ms for t in span) + (fwd if stage.recompute else 0.0)
         got_f = stage_ms.get(f"F{stage.id}")
@@ -67,6 +71,15 @@ def stage_ratios(
         rb = got_b / bwd if got_b is not None and bwd > 0 else 1.0
         out[stage.id] = (rf, rb)
     return out
+
+
+def _timing(layer: LayerTiming, stage: StageSpec) -> LayerTiming | ShardTiming:
+    """What the profile measured of ``layer`` as ``stage`` runs it: a tensor-parallel
+    stage's shard, the whole layer otherwise."""
+    if stage.tensor_parallel == 1:
+        return layer
+    key = shard_key(stage.tensor_parallel, sequence_parallel=stage.sequence_parallel)
+    return layer.sharded.get(key, layer)
 
 
 def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, float]) -> Profile:

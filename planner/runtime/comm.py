@@ -35,7 +35,16 @@ if TYPE_CHECKING:
 
     from planner.plan import StageSpec
 
-__all__ = ["P2P", "MessageKey", "Pending", "ValueSpec", "cut_specs", "message_key", "message_order"]
+__all__ = [
+    "P2P",
+    "MessageKey",
+    "Pending",
+    "ValueSpec",
+    "cut_specs",
+    "message_key",
+    "message_order",
+    "value_spec",
+]
 
 MessageKey = tuple[str, int, int]
 """``("F", stage, mb)``: activations into ``stage``; ``("B", stage, mb)``: gradients into it."""
@@ -94,7 +103,7 @@ def cut_specs(
                 out.append([])
                 break
             values = tuple(result)
-            out.append([_spec_of(v) for v in values])
+            out.append([value_spec(v) for v in values])
     return out
 
 
@@ -111,7 +120,13 @@ def _check_message(key: MessageKey, tensors: Sequence[Any], specs: Sequence[Valu
         raise RuntimeError(f"message {key} has {len(tensors)} tensors, expected {len(specs)}")
 
 
-def _spec_of(value: Any) -> ValueSpec:
+def value_spec(value: Any) -> ValueSpec:
+    """What a value crossing a cut is: a tensor's shape and dtype, or the constant itself.
+
+    Example::
+
+        value_spec(torch.zeros(2, 3)).shape   # (2, 3)
+    """
     import torch
 
     if isinstance(value, torch.Tensor):

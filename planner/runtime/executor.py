@@ -15,15 +15,22 @@ Actions:
 * ``SEND_*``: non-blocking ``isend`` (waited for at the end of the step); ``RECV_*``:
   ``irecv`` posted ahead of need, waited for here; between plan devices of one process
   both are hand-offs in memory;
-* ``ALLREDUCE s``: one flattened all-reduce (sum) of the stage's gradients among the
-  processes holding its replicas, tied parameters left out; ``STEP s``: the stage's
-  optimizer step. The first STEP of a stage holding a tied parameter that each program
+* ``ALLREDUCE s``: the stage's data-parallel gradient sync among the processes holding its
+  replicas, tied parameters left out (:mod:`planner.runtime.grad_sync`: one flattened
+  all-reduce, or ZeRO-1's reduce-scatter; under FSDP the last backward did it); ``STEP s``:
+  the stage's optimizer step. The first STEP of a stage holding a tied parameter that each program
   reaches in an iteration first exchanges the tied gradients
   (:class:`~planner.runtime.tied.TiedExchange`; all local programs holding one meet there).
   In fp16 the first STEP of each program in an iteration also meets every other local
   program there; the process unscales all its gradients, all-reduces the overflow flag
   over every rank and then steps, or skips, every local stage as every rank does
   (:class:`~planner.runtime.loss_scale.AgreedLossScaler`).
+
+Tensor parallelism: each member of a stage's group is a process running its own mirrored
+list (member ``i`` sends to and receives from member ``i`` of the neighbouring stage's
+group); the group's collectives run inside the stage modules (DTensor), and only the
+leaders (member 0) report the loss. With ``counter`` the collectives each forward and
+backward issues are recorded (:class:`~planner.runtime.collective_count.CollectiveCounter`).
 
 Example::
 
@@ -43,11 +50,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from planner.runtime.comm import P2P, MessageKey, Pending, ValueSpec, message_key
-from planner.runtime.measured import MeasuredEvent
+from planner.runtime.measured import CountedCollective, MeasuredEvent
+from planner.runtime.mesh import member_position
 from planner.schedule.actions import Action, ActionType
 
 if TYPE_CHECKING:
     from planner.plan import StageSpec
+    from planner.runtime.collective_count import CollectiveCounter
     from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.placement import Placement
     from planner.runtime.stage import StageRuntime
@@ -66,6 +75,7 @@ class StepResult:
     loss_microbatches: list[int] = field(default_factory=list)  # ... and their microbatches
     events: list[MeasuredEvent] = field(default_factory=list)
     seconds: float = 0.0
+    collectives: list[CountedCollective] = field(default_factory=list)  # with a counter
 
 
 class _Wait:
@@ -136,7 +146,7 @@ class ProcessExecutor:
         steppers: Mapping[int, Any],
         specs: Sequence[Sequence[ValueSpec]],
         p2p: P2P,
-        replica_groups: Mapping[int, Any],
+        syncs: Mapping[int, Any],
         device: torch.device,
         *,
         timeout_s: float = 300.0,
@@ -144,6 +154,7 @@ class ProcessExecutor:
         tied: TiedExchange | None = None,
         scaler: AgreedLossScaler | None = None,
         scale_group: Any = None,
+        counter: CollectiveCounter | None = None,
     ):
         self.rank = rank
         self.placement = placement
@@ -154,11 +165,15 @@ class ProcessExecutor:
         self.steppers = steppers
         self.specs = specs
         self.p2p = p2p
-        self.replica_groups = replica_groups
+        self.syncs = syncs
         self.device = device
         self.timeout_s = timeout_s
         self.heartbeat = heartbeat
         self.clock = _Clock(device)
+        # Each local device's place in its tensor-parallel groups (0: a leader, or no group).
+        self.place = {d: next(member_position(s, d) for s in stages if d in s.devices)
+                      for d in self.local}  # fmt: skip
+        self.counter = counter
         # How many of this process's plan devices hold each stage (local replicas).
         self.local_replicas = {s.id: sum(1 for d in s.devices if d in self.local) for s in stages}
         self.streams: dict[str, Any] = {}
@@ -204,7 +219,8 @@ class ProcessExecutor:
         seconds = time.perf_counter() - start
         ks = sorted(self.losses)
         losses = [float(self.losses[k]) for k in ks]
-        return StepResult(losses, ks, self.clock.events(), seconds)
+        counted = self.counter.take() if self.counter is not None else []
+        return StepResult(losses, ks, self.clock.events(), seconds, counted)
 
     def _drive(self, programs: dict[str, Iterator[_Wait]]) -> None:
         waiting: dict[str, _Wait | None] = dict.fromkeys(programs)
@@ -265,13 +281,13 @@ class ProcessExecutor:
         for a in self.actions[dev]:
             kind = a.kind
             if kind is _T.F:
-                with self._stream(dev):
+                with self._stream(dev), self._counting(dev, a):
                     self._forward(dev, a.stage, a.microbatch)
             elif kind in (_T.B, _T.I):
-                with self._stream(dev):
+                with self._stream(dev), self._counting(dev, a):
                     self._backward(dev, a)
             elif kind is _T.W:
-                with self._stream(dev):
+                with self._stream(dev), self._counting(dev, a):
                     t0 = self.clock.now()
                     self.runtimes[a.stage].backward_weight(a.microbatch)
                     self.clock.add(dev, "W", a.stage, a.microbatch, t0, self.clock.now())
@@ -309,9 +325,10 @@ class ProcessExecutor:
         out = runtime.forward(k, inputs, targets)
         self.clock.add(dev, "F", s, k, t0, self.clock.now())
         if runtime.is_last:
-            self.losses[k] = out
+            if self.place[dev] == 0:  # a group's members compute the same loss
+                self.losses[k] = out
             return
-        self._deliver(dev, ("F", s + 1, k), self.stages[s + 1].replica(k), out)
+        self._deliver(dev, ("F", s + 1, k), self._consumer(dev, s + 1, k), out)
 
     def _backward(self, dev: str, a: Action) -> None:
         s, k = a.stage, a.microbatch
@@ -327,7 +344,18 @@ class ProcessExecutor:
             in_grads = runtime.backward_input(k, grads)  # type: ignore[arg-type]
         self.clock.add(dev, a.kind.value, s, k, t0, self.clock.now())
         if s > 0:
-            self._deliver(dev, ("B", s - 1, k), self.stages[s - 1].replica(k), in_grads)
+            self._deliver(dev, ("B", s - 1, k), self._consumer(dev, s - 1, k), in_grads)
+
+    def _consumer(self, dev: str, s: int, k: int) -> str:
+        """The device of stage ``s`` that takes microbatch ``k`` from ``dev``: the member at
+        ``dev``'s place in the group of the replica running ``k``."""
+        group = self.stages[s].replica_groups[k % self.stages[s].replicas]
+        return group[self.place[dev] % len(group)]
+
+    def _counting(self, dev: str, a: Action) -> Any:
+        if self.counter is None:
+            return contextlib.nullcontext()
+        return self.counter.action(dev, a.kind.value, a.stage, a.microbatch)
 
     def _deliver(self, dev: str, key: MessageKey, consumer: str, values: Any) -> None:
         """Hand a message to a local consumer, or keep its tensors for the SEND action."""
@@ -383,18 +411,12 @@ class ProcessExecutor:
         self.clock.add(dev, "ALLREDUCE", s, -1, t0, self.clock.now(), key[2])
 
     def _launch_allreduce(self, s: int, iteration: int) -> Any:
-        group = self.replica_groups.get(s)
-        if group is None:
+        sync = self.syncs.get(s)
+        if sync is None:
             return None
-        import torch.distributed as dist
-
         params = self._untied(s, self.runtimes[s].params_for(iteration))
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
-        work = dist.all_reduce(flat, group=group, async_op=True)
-        return (Pending([work], [flat], threaded=self.threaded), [False])
+        pending = sync.launch(params, threaded=self.threaded)
+        return None if pending is None else (pending, [False])
 
     def _allreduce_ready(self, key: tuple[str, int, int]) -> bool:
         entry = self.done[key]
@@ -405,13 +427,8 @@ class ProcessExecutor:
         if entry is None or entry[1][0]:
             return
         pending, finished = entry
-        pending.wait()
-        flat = pending.buffers[0]
-        offset = 0
-        for p in self._untied(key[1], self.runtimes[key[1]].params_for(key[2])):
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
-            offset += n
+        params = self._untied(key[1], self.runtimes[key[1]].params_for(key[2]))
+        self.syncs[key[1]].finish(pending, params)
         finished[0] = True
 
     def _untied(self, s: int, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -30,6 +30,21 @@ class MeasuredEvent:
 
 
 @dataclass
+class CountedCollective:
+    """One collective a run's action issued (``run_plan(count_collectives=True)``): the
+    device and action (``kind`` F/B/I/W, stage, microbatch), torch's operation name, the
+    bytes it moved and the phase (``forward`` or ``backward``)."""
+
+    device: str
+    kind: str
+    stage: int
+    microbatch: int
+    op: str
+    bytes: int
+    phase: str
+
+
+@dataclass
 class RankResult:
     """What one rank measured over the measured steps (warm-up steps' losses included).
 
@@ -59,6 +74,7 @@ class RankResult:
     precision: str = "fp32"
     skipped: list[bool] = field(default_factory=list)
     batch_dependent: list[str] = field(default_factory=list)
+    collectives: list[CountedCollective] = field(default_factory=list)
 
 
 @dataclass

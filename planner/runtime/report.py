@@ -28,6 +28,7 @@ from planner.plan_inputs import resimulate
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_compute_ms, stage_ratios
+from planner.runtime.mesh import describe_device
 from planner.simulate import SimEvent, SimResult
 from planner.units import format_bytes
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from planner.plan import Plan
-    from planner.runtime.measured import RunResult
+    from planner.runtime.measured import CountedCollective, RunResult
     from planner.runtime.placement import Placement
 
 __all__ = [
@@ -96,6 +97,9 @@ class RunReport:
     prediction_source: str | None = None
     # The plan's band, [low, high] ms (planner.simulate.band); None: the plan has none.
     predicted_band_ms: list[float] | None = None
+    # run_plan(count_collectives=True): each collective the last step's forwards and
+    # backwards issued ({device, kind, stage, microbatch, op, bytes, phase}).
+    collectives: list[CountedCollective] = field(default_factory=list)
 
     @property
     def global_batch(self) -> int:
@@ -272,6 +276,8 @@ def build_report(
     for r in ranks:
         for d in r.devices:
             where[d] = f"rank {r.rank} ({r.torch_device})"
+            groups = describe_device(plan.stages, d)  # tensor parallelism, sharding
+            where[d] += f"; {groups}" if groups else ""
             memory[d] = int(r.peak_memory_bytes)
     stage_ms: dict[str, float] = {}
     for r in ranks:
@@ -315,6 +321,7 @@ def build_report(
         precision=ranks[0].precision,
         skipped_steps=[i for i, skip in enumerate(ranks[0].skipped) if skip],
         predicted_band_ms=None if pred is None else pred.iteration_band_ms,
+        collectives=[c for r in ranks for c in r.collectives],
     )
 
 

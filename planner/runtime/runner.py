@@ -42,6 +42,7 @@ from planner.profile.model_check import ProfiledSplit, check_source
 from planner.profile.schema import load_profile
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env, wait_for_rendezvous
 from planner.runtime.launch import launch_local
+from planner.runtime.mesh import check_parallel_run
 from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
 from planner.runtime.settings import RunSettings, Training, WorkerConfig
@@ -49,7 +50,6 @@ from planner.runtime.worker import stream_2bw, worker_main
 from planner.schedule import as_stream, validate_schedule
 from planner.simulate import simulate
 from planner.simulate.one_device import one_device_prediction
-from planner.stages import refuse_tensor_parallel
 
 if TYPE_CHECKING:
     from planner.profile.schema import Profile
@@ -131,8 +131,6 @@ def check_plan(
         settings = check_plan(Plan.load("plan.json"), "model.py", "plan.json")
     """
     where = plan_source or "<plan>"
-    for stage in plan.stages:  # until issue 22's runtime slice lands
-        refuse_tensor_parallel(stage, command="run", source=where)
     schedule = plan.schedule
     if schedule.iterations != 1:
         raise InputError(
@@ -252,6 +250,7 @@ def worker_config(
     lr: float | None = None,
     return_params: bool = False,
     plan_source: str | None = None,
+    count_collectives: bool = False,
 ) -> WorkerConfig:
     """What every worker reads (as JSON, :meth:`WorkerConfig.to_dict`).
 
@@ -275,6 +274,8 @@ def worker_config(
         training=dataclasses.replace(training, threads=int(threads)),
         lr=lr,
         return_params=return_params,
+        count_collectives=count_collectives,
+        plan_source=plan_source,
     )
 
 
@@ -319,13 +320,16 @@ def run_plan(
     optimizer: str | None = None,
     precision: str | None = None,
     return_params: bool = False,
+    count_collectives: bool = False,
 ) -> RunReport:
     """Train ``steps`` (+ ``warmup``) iterations exactly as the plan says; measured report.
 
     Raises InputError for a plan that does not fit the model, RunFailed when a rank fails.
     ``optimizer`` overrides the profile's (adam, adamw, sgd, momentum), ``lr`` its default
     rate; ``precision`` must be the profile's (:func:`run_precision`); ``return_params`` puts
-    the trained parameters in ``report.parameters``.
+    the trained parameters in ``report.parameters`` (a tensor-parallel or sharded one
+    gathered whole); ``count_collectives`` puts the collectives each forward and backward of
+    the last step issued in ``report.collectives`` (a check: it slows the steps).
 
     Example::
 
@@ -343,6 +347,8 @@ def run_plan(
         settings.training = dataclasses.replace(settings.training, optimizer=optimizer)
     chosen = run_precision(settings, precision, plan_source, schedule=plan.schedule)
     settings.training = dataclasses.replace(settings.training, precision=chosen)
+    ties = settings.profile.tied_parameters if settings.profile is not None else []
+    check_parallel_run(plan, placement, chosen, source=plan_source or "<plan>", ties=ties)
     parse_fault(os.environ.get(FAULT_ENV), placement.world_size)  # before any process starts
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
@@ -359,6 +365,7 @@ def run_plan(
             lr=lr,
             return_params=return_params,
             plan_source=plan_source,
+            count_collectives=count_collectives,
         )
         result = launch_local(
             config, placement.world_size, timeout_s=timeout_s, model_shown=str(model_path)
@@ -470,6 +477,8 @@ def run_this_rank(
     )
     chosen = run_precision(settings, precision, source, schedule=plan.schedule)
     settings.training = dataclasses.replace(settings.training, precision=chosen)
+    ties = settings.profile.tied_parameters if settings.profile is not None else []
+    check_parallel_run(plan, placement, chosen, source=source, ties=ties)
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     parameters = None
     try:

@@ -78,7 +78,8 @@ class WorkerConfig:
 
     ``init_method`` is the rendezvous (``tcp://...`` for a local launch, ``env://`` under
     torchrun); ``return_params`` makes rank 0 save the trained parameters; ``training``'s
-    split is what every rank checks its model against.
+    split is what every rank checks its model against; ``count_collectives`` records the
+    collectives of each forward and backward (:mod:`planner.runtime.collective_count`).
 
     Example::
 
@@ -96,3 +97,5 @@ class WorkerConfig:
     lr: float | None = None
     return_params: bool = False
     init_method: str | None = None
+    count_collectives: bool = False  # record each action's collectives (a check, slower)
+    plan_source: str | None = None  # the plan's file, for the ranks' one-line refusals

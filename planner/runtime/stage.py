@@ -60,6 +60,7 @@ class StageRuntime:
         weights: Callable[[int], list[torch.Tensor]] | None = None,
         autocast: Callable[[], AbstractContextManager[Any]] | None = None,
         scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        before_backward: Callable[[int], None] | None = None,
     ):
         self.module = module
         self.stage_id = stage_id
@@ -75,6 +76,8 @@ class StageRuntime:
         self.autocast = autocast or contextlib.nullcontext
         # fp16: the backward of the last stage starts from the loss times the loss scale.
         self.scale_loss = scale_loss
+        # FSDP: told which microbatch's backward runs next (it syncs on the last one).
+        self.before_backward = before_backward
         self.saved: dict[int, _Saved] = {}
 
     def params_for(self, iteration: int) -> list[torch.Tensor]:
@@ -138,6 +141,8 @@ class StageRuntime:
         ``grads`` holds one gradient per output position (None for the last stage).
         """
         saved = self.saved.pop(k)
+        if self.before_backward is not None:
+            self.before_backward(k)
         if saved.roots:
             torch.autograd.backward(saved.roots, self._root_grads(saved, grads))
         return self._input_grads(saved)

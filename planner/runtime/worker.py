@@ -59,10 +59,12 @@ from planner.profile.tied import find_tied_parameters
 from planner.records import read_record, record_dict
 from planner.runtime.comm import P2P, cut_specs, message_order
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
-from planner.runtime.measured import MeasuredEvent, RankResult, RunResult
+from planner.runtime.measured import CountedCollective, MeasuredEvent, RankResult, RunResult
+from planner.runtime.mesh import refuse_parallel_ties, stage_meshes
 from planner.runtime.placement import Placement
 from planner.runtime.settings import WorkerConfig
 from planner.schedule import as_stream
+from planner.schedule.groups import is_grouped
 from planner.schedule.tied import defer_tied_steps
 from planner.tensors import slice_batch, to_device
 
@@ -168,6 +170,7 @@ class _Stages:
 
     runtimes: dict[int, Any]  # stage id -> StageRuntime
     steppers: dict[int, Any]  # stage id -> PlainStep / TwoBufferedWeights / StreamedTwoBW
+    syncs: dict[int, Any]  # stage id -> its ALLREDUCE (planner.runtime.grad_sync), or None
     names: dict[int, list[str]]  # canonical names of each stage's trainable parameters
     device_actions: Any  # plan device -> its action list (2bw: a continuous stream)
     two_bw: bool
@@ -182,6 +185,7 @@ class _Measured:
     losses: list[list[float]] = field(default_factory=list)
     stage_samples: dict[str, list[float]] = field(default_factory=dict)
     last_events: list[MeasuredEvent] = field(default_factory=list)
+    collectives: list[CountedCollective] = field(default_factory=list)  # the last step's
 
 
 def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
@@ -197,10 +201,12 @@ def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
     import torch
 
     from planner.profile.split import capture_model  # lazy: pulls torch
+    from planner.runtime.shards import shard_stages, sharded_cut_specs
 
     run_dir = Path(config.run_dir)
     placement = config.placement
     device, control = _init_process(rank, config, placement)
+    meshes = stage_meshes(config.plan.stages, placement, rank, device.type)  # every rank
     _heartbeat(run_dir, rank, LOADING)
 
     plan, schedule = config.plan, config.plan.schedule
@@ -216,17 +222,34 @@ def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
         model.train()
         batch_dependent = batch_dependent_modules(model)  # the report warns (BatchNorm)
         sample_inputs, _ = user.batch(plan.microbatch_size)
-        split = capture_model(
-            model, sample_inputs, expected.split_at, capture=expected.capture, source=config.model
-        )
+        grouped = is_grouped(plan.stages)
+        if grouped:  # captured as the profile's shards were, this rank's stages sharded
+            split = shard_stages(
+                user, model, sample_inputs, stages=plan.stages, meshes=meshes,
+                split_at=expected.split_at, capture=expected.capture,
+            )  # fmt: skip
+        else:
+            split = capture_model(
+                model, sample_inputs, expected.split_at, capture=expected.capture,
+                source=config.model,
+            )  # fmt: skip
         covered = max(s.last for s in plan.stages) + 1
         check_split(split, expected, model=config.model, covered=covered)
         # What crosses each cut, in the dtypes the stages will produce: one pass under this
         # device's autocast (a message of another dtype would stop the run at its send).
+        inputs = split.flat_inputs(sample_inputs)
         with mixed():
-            specs = cut_specs(split, plan.stages, split.flat_inputs(sample_inputs), device=device)
+            if grouped:  # a member's part of the activations: from the sharded stages
+                specs = sharded_cut_specs(
+                    split, plan.stages, inputs, meshes, placement, rank, group=control,
+                    device=device,
+                )  # fmt: skip
+            else:
+                specs = cut_specs(split, plan.stages, inputs, device=device)
     names = {id(p): n for n, p in model.named_parameters()}
-    stages = _build_stages(rank, config, plan, schedule, placement, split, names, user, device)
+    stages = _build_stages(
+        rank, config, plan, schedule, placement, split, names, user, device, meshes
+    )
     for runtime in stages.runtimes.values():
         runtime.autocast = mixed
     executor, scaler = _executor(rank, config, plan, placement, split, stages, specs, device)
@@ -254,6 +277,7 @@ def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
         precision=precision,
         skipped=list(scaler.skipped) if scaler is not None else [],
         batch_dependent=batch_dependent,
+        collectives=measured.collectives,
     )
     return _gather(rank, run_dir, config, placement, stages, mine, control)
 
@@ -295,11 +319,14 @@ def _build_stages(
     names: dict[int, str],
     user: Any,
     device: Any,
+    meshes: dict[int, Any],
 ) -> _Stages:
-    """This rank's stage modules (tied parameters copied, never shared), their optimizers
-    (2bw: weight versions) and the action lists to run."""
+    """This rank's stage modules (tied parameters copied, never shared; FSDP-sharded where
+    the plan says), their gradient syncs and optimizers (2bw: weight versions; ZeRO-1: a
+    replica's part) and the action lists to run."""
     # lazy: these pull torch
     from planner.profile.split import retarget_device
+    from planner.runtime.grad_sync import fully_shard_stage, stage_sync
     from planner.runtime.optimizer import PlainStep, StreamedTwoBW, TwoBufferedWeights
     from planner.runtime.stage import StageRuntime
     from planner.runtime.tied import own_copies
@@ -311,7 +338,7 @@ def _build_stages(
     device_actions, stream = schedule.devices, False
     if two_bw and total > 1:
         device_actions, stream = stream_2bw(schedule, plan.stages, m, total)
-    out = _Stages({}, {}, {}, device_actions, two_bw, stream)
+    out = _Stages({}, {}, {}, {}, device_actions, two_bw, stream)
     claimed: set[int] = set()  # parameters an earlier local stage holds: copy, never share
     for spec in (s for s in plan.stages if any(d in local for d in s.devices)):
         module = split.stage(spec.first, spec.last).to(device)
@@ -319,10 +346,15 @@ def _build_stages(
         out.names[spec.id] = [names[id(p)] for p in module.parameters() if p.requires_grad]
         module = own_copies(module, claimed)
         module.train()
+        if spec.sharding == "fsdp":
+            module = fully_shard_stage(module, meshes[spec.id])
         is_last = spec.id == len(plan.stages) - 1
-        params = [p for p in module.parameters() if p.requires_grad]
         kind = StreamedTwoBW if stream else TwoBufferedWeights if two_bw else PlainStep
-        out.steppers[spec.id] = kind(params, config.training.optimizer, config.lr)
+        sync, out.steppers[spec.id] = stage_sync(
+            spec, module, meshes[spec.id], optimizer=config.training.optimizer, lr=config.lr,
+            last_backward=_last_backward(device_actions, local, spec.id), step=kind,
+        )  # fmt: skip
+        out.syncs[spec.id] = sync
         out.runtimes[spec.id] = StageRuntime(
             module,
             stage_id=spec.id,
@@ -331,8 +363,20 @@ def _build_stages(
             num_microbatches=m,
             loss=user.loss if is_last else None,
             weights=out.steppers[spec.id].weights if stream else None,
+            before_backward=getattr(sync, "before_backward", None),
         )
     return out
+
+
+def _last_backward(device_actions: Any, local: list[str], stage: int) -> int:
+    """The microbatch of the last backward of ``stage`` in this rank's lists (FSDP syncs
+    the gradients there); -1 where it runs none."""
+    last = -1
+    for dev in local:
+        for a in device_actions[dev]:
+            if a.stage == stage and a.kind.value in ("B", "I"):
+                last = a.microbatch
+    return last
 
 
 def _executor(
@@ -350,22 +394,16 @@ def _executor(
     import torch.distributed as dist
 
     # lazy: these pull torch
+    from planner.runtime.collective_count import CollectiveCounter
     from planner.runtime.executor import ProcessExecutor
     from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.tied import TiedExchange
 
-    # Every rank creates every replica group, in stage order (torch.distributed requires it).
-    groups: dict[int, Any] = {}
-    for spec in plan.stages:
-        ranks = sorted({placement.rank_of[d] for d in spec.devices})
-        if len(ranks) > 1:
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                groups[spec.id] = group
-    # Then one group per tied parameter, in the same order everywhere (planner.runtime.tied).
-    tied = TiedExchange.create(
-        find_tied_parameters(split), plan.stages, placement, rank, stages.names
-    )
+    # The stages' groups exist (stage_meshes); then one group per tied parameter, in the
+    # same order everywhere (planner.runtime.tied).
+    ties = find_tied_parameters(split)
+    refuse_parallel_ties(ties, plan.stages, config.plan_source or "the run's plan")
+    tied = TiedExchange.create(ties, plan.stages, placement, rank, stages.names)
     # fp16: the loss scale, and the group of every rank that agrees on overflows (created
     # on every rank, after the tie groups).
     scaler, scale_group = None, None
@@ -394,13 +432,14 @@ def _executor(
         stages.steppers,
         specs,
         P2P(rank, order, specs, device, threaded=device.type == "cpu" and len(local) > 1),
-        groups,
+        stages.syncs,
         device,
         timeout_s=config.timeout_s,
         heartbeat=lambda: _heartbeat(run_dir, rank, TRAINING),
         tied=tied,
         scaler=scaler,
         scale_group=scale_group,
+        counter=CollectiveCounter() if config.count_collectives else None,
     )
     return executor, scaler
 
@@ -469,6 +508,7 @@ def _train(
                 key = f"{ev.kind}{ev.stage}"
                 out.stage_samples.setdefault(key, []).append(ev.end_ms - ev.start_ms)
             out.last_events = list(result.events)
+            out.collectives = result.collectives
     dist.barrier(group=control)
     return out
 
@@ -486,12 +526,14 @@ def _gather(
     import torch
     import torch.distributed as dist
 
+    from planner.runtime.grad_sync import full_tensor
+
     trained: dict[str, Any] = {}
-    if config.return_params:
-        for s, rt in stages.runtimes.items():
+    if config.return_params:  # a shard's whole tensor: every member gathers, stage by stage
+        for s, rt in sorted(stages.runtimes.items()):
             tensors = stages.steppers[s].state() if stages.two_bw else rt.params
             for name, t in zip(stages.names[s], tensors, strict=True):
-                trained[name] = t.detach().to("cpu").clone()
+                trained[name] = full_tensor(t).detach().to("cpu").clone()
     gathered: list[Any] = [None] * placement.world_size if rank == 0 else []
     dist.gather_object(mine, gathered if rank == 0 else None, dst=0, group=control)
     gathered_params: list[Any] = [None] * placement.world_size if rank == 0 else []

@@ -1,0 +1,146 @@
+"""A rank's tensor-parallel stages, built as the profiler built them, and what crosses the
+cuts between them.
+
+The profiler measured each layer's shard as
+:func:`~planner.profile.tensor_parallel.build_shard` builds it: the model captured and split
+by the plain profile's code with the planned modules kept as calls
+(:func:`~planner.profile.tensor_parallel.capture_for_plan`), then torch's
+``parallelize_module`` on a ``t``-way mesh
+(:func:`~planner.profile.tensor_parallel.shard_captured`). A run does the same two steps,
+on the real group: :func:`shard_stages` captures once, then shards the modules of each stage
+this rank holds on that stage's tensor-parallel mesh (:mod:`planner.runtime.mesh`; only the
+stage's own modules, so a rank holds the shards of its stages and nothing else is moved or
+split). Same capture, same split, same styles: the layers the profile measured.
+
+What crosses a cut may be a part of the activations (sequence parallelism hands on ``1 /
+t`` of the sequence, as the plan's styles say), so the shapes the pipeline allocates for its
+receives come from the sharded stages themselves: :func:`sharded_cut_specs` runs one
+microbatch through the pipeline once, stage after stage, each group's members computing
+together, and every rank learns what member ``i`` of each stage hands on.
+
+Example::
+
+    split = shard_stages(user, model, inputs, stages=plan.stages, meshes=meshes,
+                         split_at=None, capture="fx")
+    specs = sharded_cut_specs(split, plan.stages, split.flat_inputs(inputs), meshes,
+                              placement, rank, group=None, device=device)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from planner.errors import InputError
+from planner.profile.tensor_parallel import capture_for_plan, shard_captured
+from planner.runtime.comm import ValueSpec, value_spec
+from planner.tensors import to_device
+
+if TYPE_CHECKING:
+    from planner.profile.loader import UserModel
+    from planner.runtime.mesh import StageMesh
+    from planner.runtime.placement import Placement
+    from planner.stages import StageSpec
+
+__all__ = ["shard_stages", "sharded_cut_specs", "stage_module_names"]
+
+
+def stage_module_names(model: torch.nn.Module, stage: torch.nn.Module) -> set[str]:
+    """The names (in ``model``) of the modules a stage's layers call.
+
+    Example::
+
+        stage_module_names(model, split.stage(0, 1))   # {'embed', 'embed.tok', ...}
+    """
+    held = {id(m) for m in stage.modules()}
+    return {name for name, m in model.named_modules() if id(m) in held}
+
+
+def shard_stages(
+    user: UserModel,
+    model: torch.nn.Module,
+    inputs: Any,
+    *,
+    stages: Sequence[StageSpec],
+    meshes: Mapping[int, StageMesh],
+    split_at: str | None,
+    capture: str,
+) -> Any:
+    """``model`` captured and split as the profile's shards were, and the modules of every
+    tensor-parallel stage this rank holds (``meshes``) sharded on that stage's group;
+    returns the split model (its layers call the sharded modules).
+
+    Example::
+
+        split = shard_stages(user, model, inputs, stages=plan.stages, meshes=meshes,
+                             split_at=settings.split_at, capture="export")
+    """
+    grouped = [st for st in stages if st.tensor_parallel > 1]
+    captured = capture_for_plan(
+        user,
+        model,
+        [inputs],
+        sequence_parallel=any(st.sequence_parallel for st in grouped),
+        split_at=split_at,
+        capture=capture,
+    )
+    split = captured.splits[0]
+    covered = max(st.last for st in stages) + 1
+    for st in grouped:
+        if st.id not in meshes or st.last >= split.num_layers or covered != split.num_layers:
+            continue  # not this rank's; a split that does not fit is refused by the caller
+        names = stage_module_names(model, split.stage(st.first, st.last))
+        shard_captured(captured, meshes[st.id].tp_mesh, st.tensor_parallel, only=names)
+    return split
+
+
+def sharded_cut_specs(
+    split: Any,
+    stages: Sequence[StageSpec],
+    inputs: Sequence[Any],
+    meshes: Mapping[int, StageMesh],
+    placement: Placement,
+    rank: int,
+    *,
+    group: Any,
+    device: torch.device,
+) -> list[list[ValueSpec]]:
+    """``specs[s]``: the values member ``i`` of stage ``s`` hands to member ``i`` of stage
+    ``s + 1`` (``i``: this rank's place in its groups), found by one pass of ``inputs`` (a
+    microbatch) through the pipeline without gradients: the first replica of each stage
+    computes it (its group together), and broadcasts each member's outputs over ``group``
+    (every rank, gloo). Runs under the caller's autocast, so the dtypes are the stages'.
+
+    Example::
+
+        specs = sharded_cut_specs(split, plan.stages, inputs, meshes, placement, rank,
+                                  group=control, device=torch.device("cpu"))
+    """
+    import torch.distributed as dist
+
+    position = next(iter(meshes.values())).position if meshes else 0
+    values: tuple[Any, ...] = tuple(to_device(list(inputs), device))
+    out: list[list[ValueSpec]] = []
+    for st in stages:
+        if st.id == len(stages) - 1:
+            out.append([])
+            break
+        members = [placement.rank_of[d] for d in st.replica_groups[0]]
+        result: Any = None
+        if rank in members:
+            with torch.no_grad():
+                result = tuple(split.stage(st.first, st.last)(*values))
+            result = to_device(list(result), "cpu")
+        handed: list[Any] = []
+        for src in members:
+            box = [result if rank == src else None]
+            dist.broadcast_object_list(box, src=src, group=group)
+            handed.append(box[0])
+        mine = handed[position % len(members)]
+        if any(len(h) != len(mine) for h in handed):  # pragma: no cover - a plan's styles
+            raise InputError(f"stage {st.id}'s members hand on different values", field="stages")
+        out.append([value_spec(v) for v in mine])
+        values = tuple(to_device(list(mine), device))
+    return out

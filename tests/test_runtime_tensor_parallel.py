@@ -1,0 +1,293 @@
+"""`pipeplan run` of tensor-parallel, sequence-parallel and sharded plans (issue 22) on gloo.
+
+Every run trains tiny versions of examples/gpt.py and examples/hf_llama.py
+(tests/models/tiny_gpt.py, tiny_llama.py) for two steps with one process per plan device,
+and must equal one process taking the same global batches: every loss and every parameter
+element (gathered whole) within 1e-5 relative + 1e-6 absolute. SGD with momentum, as
+tests/test_runtime.py uses: Adam divides each gradient element by its running magnitude,
+which turns last-bit differences of near-zero elements (a row-split matmul sums in another
+order) into visible ones; a plain two-stage pipeline of the tiny Llama differs from one
+process by 4e-6 under Adam at lr 1e-2 for the same reason. The cases cover both models,
+TP2 x PP2 (4 processes) and TP2 x PP2 x DP2 (6 and 8), 1F1B and interleaved (GPT's in the
+collective count), sequence parallelism on and off, recompute (its forward's collectives
+again), plain data parallelism, ZeRO-1 and FSDP (with the tensor-parallel mesh: FSDP2 over
+the stage's ``dp`` slice). The collectives a run's forwards and backwards issue must be
+the ones the plan's profile lists per layer and the simulator times per microbatch. Runs that
+cannot be exact are refused with one line before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from test_runtime import hard_timeout_after
+
+from planner.cli import main
+from planner.errors import InputError
+from planner.fileio import sha256_file
+from planner.plan import FileRef, Plan, Prediction, parse_stages
+from planner.profile.shard_measure import profile_with_shards
+from planner.profile.tensor_parallel import parse_tensor_parallel
+from planner.runtime import run_plan
+from planner.runtime.reference import train_single_process
+from planner.schedule import build_schedule
+from planner.simulate.group_comm import collective_ms, pass_collective_ms
+from planner.stages import with_parallelism
+from planner.topology import load_topology
+
+MODELS = Path(__file__).parent / "models"
+GPT, LLAMA = MODELS / "tiny_gpt.py", MODELS / "tiny_llama.py"
+MBS, M, STEPS = 2, 4, 2
+
+
+@pytest.fixture(autouse=True)
+def hard_timeout() -> Iterator[None]:
+    with hard_timeout_after(300):  # 8 processes share 2 cores
+        yield
+
+
+def parallel_plan(
+    text: str,
+    schedule: str,
+    *,
+    sequence_parallel: bool = False,
+    sharding: tuple[str, ...] = (),
+    recompute: tuple[int, ...] = (),
+    profile: FileRef | None = None,
+) -> Plan:
+    """A plan of ``text``'s stages ('+' joins a tensor-parallel group) with SP on every
+    group and ``sharding[i]`` on stage ``i``."""
+    stages = parse_stages(text, recompute=list(recompute))
+    stages = with_parallelism(stages, sequence_parallel=sequence_parallel)
+    if sharding:
+        stages = [
+            dataclasses.replace(st, sharding=s) for st, s in zip(stages, sharding, strict=True)
+        ]
+    return Plan(
+        profile=profile or FileRef("<memory>", ""),
+        topology=FileRef("<none>", ""),
+        microbatch_size=MBS,
+        num_microbatches=M,
+        stages=stages,
+        schedule=build_schedule(schedule, stages, M),
+        predicted=Prediction(10.0, M * MBS / 10.0 * 1e3, 0.0, 10.0, {}, {}),
+    )
+
+
+def run_exactly(model: Path, plan: Plan, optimizer: str, **options: object):  # type: ignore[no-untyped-def]
+    """Run ``plan`` and check it against one process: losses, every parameter element."""
+    lr = 0.05
+    report = run_plan(
+        plan, model, steps=STEPS, warmup=0, timeout_s=240, optimizer=optimizer, lr=lr,
+        return_params=True, **options,
+    )  # fmt: skip
+    ref = train_single_process(
+        model, steps=STEPS, batch_size=MBS * M, optimizer=optimizer, lr=lr, microbatch_size=MBS
+    )
+    assert report.losses == pytest.approx(ref.losses, rel=1e-5, abs=1e-6)
+    assert report.parameters is not None and set(report.parameters) == set(ref.parameters)
+    torch.manual_seed(0)
+    from planner.profile.loader import load_model_file
+
+    initial = dict(load_model_file(model).build().named_parameters())
+    for name, value in ref.parameters.items():
+        torch.testing.assert_close(report.parameters[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(initial[n], p) for n, p in ref.parameters.items())  # it trained
+    return report
+
+
+GROUPS = "cpu0+cpu1", "cpu2+cpu3"
+
+
+@pytest.mark.parametrize(
+    ("model", "stages", "schedule", "sp", "sharding", "recompute", "optimizer"),
+    [
+        pytest.param(
+            LLAMA, "0-2:{0};3-4:{1}", "1f1b", True, (), (0,), "momentum",
+            id="llama-tp2-pp2-1f1b-sp-recompute",
+        ),
+        pytest.param(
+            LLAMA, "0:{0};1:{1};2:{0};3-4:{1}", "interleaved", False, (), (), "momentum",
+            id="llama-tp2-pp2-interleaved",
+        ),
+        pytest.param(
+            GPT, "0-1:{0},cpu4+cpu5;2-3:{1},cpu6+cpu7", "1f1b", True, ("none", "zero1"), (),
+            "momentum", id="gpt-tp2-pp2-dp2-sp-none-zero1",
+        ),
+        pytest.param(
+            LLAMA, "0-2:{0},cpu4+cpu5;3-4:{1}", "1f1b", False, ("fsdp", "none"), (), "momentum",
+            id="llama-tp2-pp2-dp2-fsdp",
+        ),
+    ],
+)  # fmt: skip
+def test_tensor_parallel_runs_equal_one_process(
+    model: Path,
+    stages: str,
+    schedule: str,
+    sp: bool,
+    sharding: tuple[str, ...],
+    recompute: tuple[int, ...],
+    optimizer: str,
+) -> None:
+    plan = parallel_plan(
+        stages.format(*GROUPS), schedule, sequence_parallel=sp, sharding=sharding,
+        recompute=recompute,
+    )  # fmt: skip
+    report = run_exactly(model, plan, optimizer)
+    assert report.world_size == len({d for st in plan.stages for d in st.devices})
+    assert "TP group cpu0+cpu1" in report.placement["cpu1"]
+    for st in plan.stages:
+        if st.sharding != "none":
+            assert f"{st.sharding} over 2 replicas" in report.placement[st.devices[-1]]
+
+
+TOPOLOGY = """\
+schema: pipeplan.topology/v1
+name: four-cpus
+devices:
+  - {name: "cpu{0..3}", memory: 4 GiB, speed: 1.0, host: localhost, kind: cpu}
+switches:
+  - {name: loopback, kind: loopback}
+links:
+  - {between: ["cpu{0..3}", loopback], bandwidth: 3 GB/s, latency: 35 us, kind: gloo-tcp}
+"""
+
+
+def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
+    tmp_path: Path,
+) -> None:
+    """GPT at TP2 x PP2, interleaved, sequence parallel, one layer per stage: each
+    microbatch's forward and backward of each stage issue exactly the collectives the
+    profile lists for that layer (operation, bytes, phase, in order), on every member, and
+    the simulator's per-microbatch collective time of the stage is those collectives'
+    time on the group's ring; the run is exact too."""
+    profile = profile_with_shards(
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
+        repeat=1, warmup=0,
+    )  # fmt: skip
+    path = tmp_path / "tiny_gpt.json"
+    profile.save(path)
+    ref = FileRef(str(path), sha256_file(path))
+    plan = parallel_plan("0:{0};1:{1};2:{0};3:{1}".format(*GROUPS), "interleaved", profile=ref)
+    plan = dataclasses.replace(plan, stages=with_parallelism(plan.stages, sequence_parallel=True))
+    plan = dataclasses.replace(plan, schedule=build_schedule("interleaved", plan.stages, M))
+    report = run_exactly(GPT, plan, "momentum", count_collectives=True)
+    topology = tmp_path / "four.yaml"
+    topology.write_text(TOPOLOGY)
+    topo = load_topology(topology)
+    counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
+    for c in report.collectives:
+        key = (c.device, c.stage, c.microbatch, c.phase)
+        counted.setdefault(key, []).append((c.op, c.bytes))
+    timings = profile.measurement(MBS).layers
+    for st in plan.stages:  # stage s is layer s
+        listed = timings[st.first].sharded["tp2-sp"].collectives
+        group = st.replica_groups[0]
+        for phase in ("forward", "backward"):
+            want = [(c.op, c.bytes) for c in listed if c.phase == phase]
+            for dev in group:
+                for k in range(M):
+                    assert counted.get((dev, st.id, k, phase), []) == want, (dev, st.id, k)
+        forward_ms, backward_ms = pass_collective_ms(profile, topo, st, group, MBS)
+        run_ms = {
+            phase: sum(collective_ms(topo, group, c) for c in listed if c.phase == phase)
+            for phase in ("forward", "backward")
+        }
+        assert forward_ms == pytest.approx(run_ms["forward"]) and forward_ms + backward_ms > 0
+        assert backward_ms == pytest.approx(run_ms["backward"])
+    assert sum(len(v) for v in counted.values()) == len(report.collectives) > 0
+
+
+def _refused(plan: Plan | Path, match: str, model: Path = GPT, **options: object) -> InputError:
+    with pytest.raises(InputError, match=match) as info:
+        run_plan(plan, model, steps=1, warmup=0, timeout_s=30, **options)  # type: ignore[arg-type]
+    assert "\n" not in info.value.one_line()
+    return info.value
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal must come before any process starts."""
+    from planner.runtime import runner
+
+    monkeypatch.setattr(runner, "launch_local", lambda *a, **k: pytest.fail("launched"))
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_what_cannot_run_exactly_is_refused_before_any_process_starts() -> None:
+    tp = "0-1:cpu0+cpu1;2-3:cpu2+cpu3"
+    _refused(parallel_plan(tp, "1f1b"), "shared mode", device_map="cpu0=0,cpu1=1,cpu2=0,cpu3=1")
+    _refused(parallel_plan(tp, "2bw"), "under 2bw")
+    _refused(parallel_plan(tp, "1f1b"), "fp16", precision="fp16")
+    sharded = "0-1:cpu0,cpu1;2-3:cpu2,cpu3"
+    _refused(parallel_plan(sharded, "zb", sharding=("fsdp", "fsdp")), "zero bubble")
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_a_tied_parameter_the_profile_lists_is_refused_before_launch(tmp_path: Path) -> None:
+    from planner.profile import profile_model
+
+    profile = profile_model(MODELS / "tied.py", [MBS], repeat=1, warmup=0)
+    profile_path = tmp_path / "tied.json"
+    profile.save(profile_path)
+    ref = FileRef(str(profile_path), sha256_file(profile_path))
+    plan = parallel_plan("0-2:cpu0;3-5:cpu1,cpu2", "1f1b", sharding=("none", "fsdp"), profile=ref)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    error = _refused(path, "holds the tied parameter 'embed.weight'", model=MODELS / "tied.py")
+    assert error.file == str(path) and error.field == "stages[1]"
+
+
+def test_a_sharded_stage_holding_a_tied_parameter_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without the plan's profile the launcher cannot know the ties: the rank that finds
+    one in the model refuses, and the run exits 2 with one line naming the plan file."""
+    plan = parallel_plan("0-2:cpu0,cpu1;3-5:cpu2", "1f1b", sharding=("zero1", "none"))
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(path), "--model", str(MODELS / "tied.py"), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "tied parameter" in err and f"{path}: stages[0]" in err
+
+
+def test_a_tensor_parallel_stage_is_compared_with_its_shards_times() -> None:
+    """stage compute / profiled: a TP stage's measured forward and backward against its
+    shards' profiled times (tp2, or tp2-sp), a plain stage's against its whole layers."""
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+    from planner.runtime.calibrate import stage_ratios
+
+    profile = synthetic_tensor_parallel(synthetic_profile(4, microbatch_size=MBS), (2,))
+    measured = {"F0": 2.0, "B0": 4.0, "F1": 2.0, "B1": 4.0}  # a stage: two layers, 1 + 2 ms
+    for sp in (False, True):
+        plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2+cpu3", "1f1b", sequence_parallel=sp)
+        assert stage_ratios(profile, plan, measured) == {0: (2.0, 2.0), 1: (2.0, 2.0)}
+    plain = parallel_plan("0-1:cpu0;2-3:cpu1", "1f1b")
+    assert stage_ratios(profile, plain, measured) == {0: (1.0, 1.0), 1: (1.0, 1.0)}
+
+
+def test_calibrating_from_a_tensor_parallel_run_is_refused_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+
+    profile = synthetic_tensor_parallel(synthetic_profile(4, microbatch_size=MBS), (2,))
+    profile_path = tmp_path / "p.json"
+    profile.save(profile_path)
+    ref = FileRef(str(profile_path), sha256_file(profile_path))
+    plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2+cpu3", "1f1b", profile=ref)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    out = tmp_path / "calibrated.json"
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(path), "--model", str(GPT), "--calibrate", str(out)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{path}: --calibrate" in err and "stage 0 is tensor parallel" in err
+    assert not out.exists()
