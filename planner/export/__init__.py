@@ -51,10 +51,11 @@ class ExportResult:
     pp_degree: int
     dp_degree: int
     notes: list[str] = field(default_factory=list)
+    tp_degree: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.pp_degree * self.dp_degree
+        return self.pp_degree * self.dp_degree * self.tp_degree
 
 
 def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
@@ -149,4 +150,6 @@ def export_plan(
         export_torchtitan(outs, source, target)
     files = outs.commit()
     layout = source.layout
-    return ExportResult(to, target, files, layout.pp_degree, layout.dp_degree, notes)
+    return ExportResult(
+        to, target, files, layout.pp_degree, layout.dp_degree, notes, layout.tp_degree
+    )

@@ -33,7 +33,6 @@ from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.profile.schema import Profile, load_profile
 from planner.schedule import ActionType, Schedule
-from planner.stages import refuse_tensor_parallel
 
 __all__ = ["ExportSource", "load_export_source"]
 
@@ -87,8 +86,6 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
 
 
 def _refuse_schedule(plan: Plan, schedule: Schedule, where: str) -> None:
-    for stage in plan.stages:  # until issue 22's export slice lands
-        refuse_tensor_parallel(stage, command="export", source=where)
     if schedule.weight_versions == 2:
         raise InputError(
             "schedule 2bw (PipeDream-2BW: two weight versions, no flush between iterations) "

@@ -33,14 +33,18 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.export.actions import TorchLayout
 from planner.export.source import ExportSource
 
 if TYPE_CHECKING:
     from planner.outputs import Outputs
 
-__all__ = ["SCHEMA", "csv_text", "export_torch", "pipeline_config"]
+__all__ = ["MESH_DIMS", "SCHEMA", "csv_text", "export_torch", "mesh_config", "pipeline_config"]
 
 SCHEMA = "pipeplan.export.torch/v1"
+MESH_DIMS = ("pp", "dp", "tp")
+"""The device mesh's dimensions, in torchtitan's order (``ParallelDims``: pp, then data
+parallel, then tp); ``dp`` is replicated, ZeRO-1 or FSDP per stage (``stages[s].sharding``)."""
 _TEMPLATE = Path(__file__).with_name("train_pipeline.py")
 
 
@@ -70,6 +74,28 @@ def schedule_files(dp_degree: int, kind: str = "schedule") -> list[str]:
     return [f"{kind}-dp{j}.csv" for j in range(dp_degree)]
 
 
+def mesh_config(layout: TorchLayout) -> dict[str, Any]:
+    """``pipeline.json``'s ``mesh``: the dimensions in torchtitan's ``ParallelDims`` order
+    (pipeline outermost, tensor parallel innermost), their degrees, and each global rank's
+    coordinates and plan device, for ``init_device_mesh(device, shape,
+    mesh_dim_names=names)``.
+
+    Example::
+
+        mesh_config(layout)["ranks"][3]   # {'rank': 3, 'pp': 1, 'dp': 0, 'tp': 1, 'device': 'cpu3'}
+    """
+    ranks = []
+    for rank in range(layout.world_size):
+        pp, dp, tp = layout.coordinates(rank)
+        device = layout.devices[pp][dp][tp]
+        ranks.append({"rank": rank, "pp": pp, "dp": dp, "tp": tp, "device": device})
+    return {
+        "dim_names": list(MESH_DIMS),
+        "shape": [layout.pp_degree, layout.dp_degree, layout.tp_degree],
+        "ranks": ranks,
+    }
+
+
 def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
     """The ``pipeline.json`` object.
 
@@ -85,6 +111,8 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
         "model": model,
         "pp_degree": layout.pp_degree,
         "dp_degree": layout.dp_degree,
+        "tp_degree": layout.tp_degree,
+        "mesh": mesh_config(layout),
         "microbatch_size": plan.microbatch_size,
         "num_microbatches": plan.num_microbatches,
         "microbatches_local": layout.microbatches_per_replica,
@@ -100,6 +128,9 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
                 "starts_at": s.starts_at,
                 "modules": s.modules,
                 "recompute": plan.stages[s.stage].recompute,
+                "tensor_parallel": plan.stages[s.stage].tensor_parallel,
+                "sequence_parallel": plan.stages[s.stage].sequence_parallel,
+                "sharding": plan.stages[s.stage].sharding,
             }
             for s in source.splits
         ],
