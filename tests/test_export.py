@@ -33,7 +33,7 @@ from planner.export import export_plan
 from planner.export.actions import torch_cell, torch_layout
 from planner.export.split import layer_modules, titan_module
 from planner.fileio import sha256_file
-from planner.plan import FileRef, Plan, parse_stages
+from planner.plan import FileRef, Plan, StageSpec, parse_stages
 from planner.runtime import run_plan
 from planner.runtime.launch import free_port, worker_env
 from planner.runtime.reference import train_single_process
@@ -300,10 +300,17 @@ def run_exported(out: Path, world: int, steps: int, *extra: str) -> dict[str, to
         for line in stdout.decode().splitlines()
         if line.startswith("step ")
     ]
+    held = [  # rank R (...): holds L of W parameter elements, optimizer state for S
+        [int(w.strip(":,()")) for w in line.split() if w.strip(":,()").isdigit()]
+        for stdout, _ in outputs
+        for line in stdout.decode().splitlines()
+        if line.startswith("rank ")
+    ]
     params: dict[str, torch.Tensor] = {}
     for f in sorted(glob.glob(f"{prefix}.rank*.pt")):
         params.update(torch.load(f))
     params["__losses__"] = torch.tensor(losses, dtype=torch.float64)
+    params["__held__"] = torch.tensor(sorted(held))  # rank, pp, dp, tp, local, whole, state
     return params
 
 
@@ -311,7 +318,7 @@ def check_same(
     got: dict[str, torch.Tensor], losses: list[float], params: dict[str, torch.Tensor]
 ) -> None:
     assert got["__losses__"].tolist() == pytest.approx(losses, rel=1e-5, abs=1e-7)
-    assert set(got) - {"__losses__"} == set(params)
+    assert set(got) - {"__losses__", "__held__"} == set(params)
     for name, value in params.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
 
@@ -468,7 +475,7 @@ def test_gradients_crossing_a_cut_as_slices_train_like_one_process(
 @pytest.mark.parametrize(
     ("example", "stages", "sequence_parallel", "sharding"),
     [
-        ("gpt", "0-2:cpu0+cpu1;3-5:cpu2+cpu3", False, ()),  # TP2 x PP2
+        ("gpt", "0-2:cpu0+cpu1;3-5:cpu2+cpu3", True, ()),  # TP2 x PP2, sequence parallel
         ("mlp", "0-2:cpu0,cpu2;3-5:cpu1,cpu3", False, ("zero1", "fsdp")),  # PP2 x DP2
     ],
 )
@@ -506,3 +513,23 @@ def test_parallel_plans_train_like_one_process(
         model, steps=steps, batch_size=m * mbs, optimizer="momentum", lr=0.05
     )
     check_same(got, ref.losses, ref.parameters)
+    check_held(got["__held__"].tolist(), specs)
+
+
+def check_held(held: list[list[int]], specs: list[StageSpec]) -> None:
+    """Each rank's line ``holds L of W parameter elements, optimizer state for S``: a
+    tensor-parallel or FSDP stage holds less than its whole, a ZeRO-1 stage's replicas
+    split its optimizer state (one stage per pipeline rank here)."""
+    zero_state: dict[tuple[int, int], int] = {}
+    for _, pp, _, tp, local, whole, state in held:
+        spec = specs[pp]
+        sharded = spec.tensor_parallel > 1 or spec.sharding == "fsdp"
+        assert local < whole if sharded else local == whole
+        if spec.sharding == "zero1":
+            assert 0 < state < local
+            zero_state[(pp, tp)] = zero_state.get((pp, tp), 0) + state
+            assert zero_state[(pp, tp)] <= local
+        else:
+            assert state == local
+    for (pp, tp), total in zero_state.items():  # every element's state on one replica
+        assert total == next(h[4] for h in held if (h[1], h[3]) == (pp, tp))

@@ -282,8 +282,8 @@ class ZeroOne:
         for k in sorted(range(len(params)), key=lambda k: -local_tensor(params[k]).numel()):
             owner = min(range(len(ranks)), key=load.__getitem__)
             self.owners[k], load[owner] = ranks[owner], load[owner] + params[k].numel()
-        mine = [p for p, o in zip(params, self.owners, strict=True) if o == dist.get_rank()]
-        self.inner = make_optimizer(name, mine, lr) if mine else None
+        self.mine = [p for p, o in zip(params, self.owners, strict=True) if o == dist.get_rank()]
+        self.inner = make_optimizer(name, self.mine, lr) if self.mine else None
 
     def step(self) -> None:
         if self.inner is not None:
@@ -322,8 +322,19 @@ class Optimizers:
         self.params = by_kind["none"] + by_kind["fsdp"] + by_kind["zero1"]
         whole = by_kind["none"] + by_kind["fsdp"]
         self.parts: list[Any] = [make_optimizer(name, whole, lr)] if whole else []
+        self.stateful = list(whole)  # the parameters whose optimizer state this rank keeps
         if by_kind["zero1"]:
-            self.parts.append(ZeroOne(name, by_kind["zero1"], lr, self.group))
+            zero = ZeroOne(name, by_kind["zero1"], lr, self.group)
+            self.parts.append(zero)
+            self.stateful += zero.mine
+
+    def held(self) -> str:
+        """What this rank holds: its parameters' local elements of their whole, and the
+        elements whose optimizer state it keeps."""
+        local = sum(local_tensor(p).numel() for p in self.params)
+        whole = sum(p.numel() for p in self.params)
+        state = sum(local_tensor(p).numel() for p in self.stateful)
+        return f"holds {local} of {whole} parameter elements, optimizer state for {state}"
 
     def step(self) -> None:
         for p in self.summed:  # sum, since the loss is already divided by m
@@ -412,6 +423,7 @@ def main() -> None:
     else:
         schedule._load_csv(str(HERE / cfg["schedule_compute_csv"][replica]))
     optimizer = Optimizers(cfg, args, local, modules, mesh)
+    print(f"rank {rank} (pp {pp_rank}, dp {replica}, tp {member}): {optimizer.held()}", flush=True)
     first, last = 0 in local, len(cfg["stages"]) - 1 in local
     mine = [k for k in range(m) if k % dp == replica]  # this replica's microbatches
     for step in range(args.steps):
