@@ -473,16 +473,18 @@ def test_gradients_crossing_a_cut_as_slices_train_like_one_process(
 
 
 @pytest.mark.parametrize(
-    ("example", "stages", "sequence_parallel", "sharding"),
+    ("example", "stages", "schedule", "sequence_parallel", "sharding"),
     [
-        ("gpt", "0-2:cpu0+cpu1;3-5:cpu2+cpu3", True, ()),  # TP2 x PP2, sequence parallel
-        ("mlp", "0-2:cpu0,cpu2;3-5:cpu1,cpu3", False, ("zero1", "fsdp")),  # PP2 x DP2
+        ("gpt", "0-2:cpu0+cpu1;3-5:cpu2+cpu3", "1f1b", True, ()),  # TP2 x PP2, SP
+        # PP2 x DP2, two stages a rank: ZeRO-1 on one rank, FSDP on the other
+        ("mlp", "0:a,c;1-2:b,d;3:a,c;4-5:b,d", "interleaved", False, ("zero1", "fsdp")),
     ],
 )
 def test_parallel_plans_train_like_one_process(
     tmp_path: Path,
     example: str,
     stages: str,
+    schedule: str,
     sequence_parallel: bool,
     sharding: tuple[str, ...],
 ) -> None:
@@ -491,16 +493,15 @@ def test_parallel_plans_train_like_one_process(
     optimizer (ZeRO-1) or everything (torch's fully_shard) over its dp dimension: losses
     and every parameter element (``full_tensor()``) equal to one process."""
     m, mbs, steps = 4, 2, 2
-    specs = parse_stages(stages)
     specs = [
-        replace(
-            s, sequence_parallel=sequence_parallel, sharding=sharding[s.id] if sharding else "none"
-        )
-        for s in specs
+        replace(s, sequence_parallel=sequence_parallel, sharding=sharding[s.id % len(sharding)])
+        if sharding
+        else replace(s, sequence_parallel=sequence_parallel)
+        for s in parse_stages(stages)
     ]
-    path = make_plan(tmp_path, example, stages, "1f1b", m, mbs)
+    path = make_plan(tmp_path, example, stages, schedule, m, mbs)
     plan = Plan.load(path)
-    plan = replace(plan, stages=specs, schedule=build_schedule("1f1b", specs, m))
+    plan = replace(plan, stages=specs, schedule=build_schedule(schedule, specs, m))
     plan.save(path)
     model = ROOT / "examples" / f"{example}.py"
     result = export_plan(path, "torch", tmp_path / "out", model=model)

@@ -247,13 +247,15 @@ def build_stages(
             stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
         return built, [pipe.get_stage_module(s) for s in local], None
     cut = split_model(args, cfg, model, sample, mesh)
+    # Before fully_shard: the earlier stages run whole here (an interleaved rank's own too).
+    example = {s: tuple(v.to(device) for v in cut.example_inputs(s)) for s in local}
     stages = [
         PipelineStage(
             data_parallel(stage_module(cut.modules[s].to(device), s, cfg), s, cfg, mesh),
             s,
             num_stages,
             device,
-            input_args=tuple(v.to(device) for v in cut.example_inputs(s)),
+            input_args=example[s],
             group=group,
         )
         for s in local
