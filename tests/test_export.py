@@ -534,3 +534,23 @@ def check_held(held: list[list[int]], specs: list[StageSpec]) -> None:
             assert state == local
     for (pp, tp), total in zero_state.items():  # every element's state on one replica
         assert total == next(h[4] for h in held if (h[1], h[3]) == (pp, tp))
+
+
+def test_tensor_parallel_plan_the_model_cannot_split_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/gpt.py has 4 heads: a group of 8 cannot split them; refused before any
+    file is written, with one line naming the model file."""
+    devices = "+".join(f"cpu{i}" for i in range(8))
+    path = make_plan(tmp_path, "gpt", "0-5:cpu0", "1f1b", 2, 1)
+    plan = Plan.load(path)
+    specs = parse_stages(f"0-5:{devices}")
+    replace(plan, stages=specs, schedule=build_schedule("1f1b", specs, 2)).save(path)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(path), "--to", "torch", "-o", str(out), "--model", "examples/gpt.py"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "stages[0].tensor_parallel" in err and "4 attention heads" in err and "gpt.py" in err
+    assert not out.exists()
+    export_plan(path, "torch", out)  # without --model nothing checks the model: the script will

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from planner.errors import InputError
 from planner.export.source import ExportSource, load_export_source
@@ -33,10 +34,17 @@ from planner.fileio import check_input_file
 from planner.outputs import Outputs
 from planner.plan_inputs import plan_files
 from planner.profile.isolated import call_isolated
-from planner.profile.loader import check_model_path, load_model_file
+from planner.profile.loader import UserModel, check_model_path, load_model_file
 from planner.profile.model_check import ProfiledSplit, check_source, check_split
 
-__all__ = ["TARGETS", "ExportResult", "check_model", "check_model_file", "export_plan"]
+__all__ = [
+    "TARGETS",
+    "ExportResult",
+    "check_model",
+    "check_model_file",
+    "check_tensor_parallel",
+    "export_plan",
+]
 
 TARGETS = ("torch", "torchtitan")
 
@@ -88,7 +96,37 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     split = capture_model(net, inputs, expected.split_at, capture=expected.capture)
     covered = max(s.last for s in source.plan.stages) + 1
     check_split(split, expected, model=str(model), covered=covered)
+    check_tensor_parallel(source, user, net)
     return str(Path(model).resolve())
+
+
+def check_tensor_parallel(source: ExportSource, user: UserModel, net: Any) -> None:
+    """Refuse, before anything is written, a tensor-parallel plan whose model's plan
+    (``tp_plan()`` or Hugging Face's) the script's ``build_shard`` would refuse: the
+    profiler's own checks (a degree that does not divide the heads or a split dimension,
+    no plan, no sequence-parallel form, ...).
+
+    Example::
+
+        check_tensor_parallel(source, load_model_file("examples/gpt.py"), gpt)
+    """
+    from planner.profile.tensor_parallel import TensorParallelRequest, check_request
+
+    checked: set[tuple[int, bool]] = set()
+    for stage in source.plan.stages:
+        setting = (stage.tensor_parallel, stage.sequence_parallel)
+        if stage.tensor_parallel == 1 or setting in checked:
+            continue
+        checked.add(setting)
+        try:
+            request = TensorParallelRequest((setting[0],), setting[1])
+            check_request(user, net, request, source.profile.settings.split_at)
+        except InputError as err:  # the profiler's words; the plan's field
+            raise InputError(
+                f"{err.message} (the model file {user.path})",
+                file=source.plan_path,
+                field=f"stages[{stage.id}].tensor_parallel",
+            ) from None
 
 
 def check_model_file(plan: str, model: str) -> str:
