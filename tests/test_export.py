@@ -554,3 +554,40 @@ def test_tensor_parallel_plan_the_model_cannot_split_is_refused(
     assert "stages[0].tensor_parallel" in err and "4 attention heads" in err and "gpt.py" in err
     assert not out.exists()
     export_plan(path, "torch", out)  # without --model nothing checks the model: the script will
+
+
+def parallel_plan(
+    tmp: Path, stages: str, sequence_parallel: bool, sharding: tuple[str, ...]
+) -> Path:
+    """A 1f1b plan over the gpt profile with the stages' parallel settings."""
+    specs = [
+        replace(s, sequence_parallel=sequence_parallel, sharding=sharding[s.id % len(sharding)])
+        for s in parse_stages(stages)
+    ]
+    path = make_plan(tmp, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1)
+    plan = Plan.load(path)
+    replace(plan, stages=specs, schedule=build_schedule("1f1b", specs, 4)).save(path)
+    return path
+
+
+def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
+    """TP2 x PP2 x DP2 with sequence parallelism and FSDP: torchtitan's degrees, read back;
+    what torchtitan cannot express is refused with one line naming the stage's field."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tp_dp = "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7"
+    plan = parallel_plan(tmp_path, tp_dp, True, ("fsdp",))
+    result = export_plan(plan, "torchtitan", tmp_path / "titan")
+    par = tomllib.loads((result.out_dir / "torchtitan.toml").read_text())["parallelism"]
+    assert (par["pipeline_parallel_degree"], par["tensor_parallel_degree"]) == (2, 2)
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
+    assert result.world_size == 8
+    for stages, sp, sharding, match in [
+        (tp_dp, False, ("fsdp",), r"stages\[0\].sequence_parallel: torchtitan applies sequence"),
+        (tp_dp, True, ("zero1",), r"stages\[0\].sharding: torchtitan has no ZeRO-1"),
+        (tp_dp, True, ("fsdp", "none"), r"stages\[1\]: stage 1 has .* one setting"),
+        ("0-2:cpu0,cpu2;3-5:cpu1,cpu3", False, ("none",), "DDP has not supported"),
+    ]:
+        with pytest.raises(InputError, match=match) as refused:
+            export_plan(parallel_plan(tmp_path, stages, sp, sharding), "torchtitan", tmp_path / "x")
+        assert "\n" not in str(refused.value)
+    assert not (tmp_path / "x").exists()
