@@ -7,8 +7,13 @@ exactly; see :mod:`planner.export.source`) and writes a folder:
   ``_PipelineScheduleRuntime``), ``schedule_compute.csv``, ``pipeline.json`` (split points,
   stage modules and layers, ranks, microbatches) and ``train_pipeline.py`` (builds the
   stages and the schedule and trains); :mod:`planner.export.torch_pipelining`;
-* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads)
-  and the ``schedule_compute.csv`` it names; :mod:`planner.export.torchtitan`.
+* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads,
+  tensor and FSDP degrees included) and the ``schedule_compute.csv`` it names;
+  :mod:`planner.export.torchtitan`.
+
+Tensor-parallel, sequence-parallel, ZeRO-1 and FSDP plans export to both (what each
+target cannot express is refused with one line); with ``--model`` a tensor-parallel
+degree the model's plan cannot split is refused first (:func:`check_tensor_parallel`).
 
 The package depends only on the plan, profile, schedule and (for ``--model``) the profiler's
 splitter; nothing imports it but the ``export`` command.

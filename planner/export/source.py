@@ -6,7 +6,9 @@ runtime would not train exactly as ``pipeplan run`` does:
 
 * ``2bw`` (two weight versions, no flush between iterations): torch flushes every step;
 * replicated stages with different replica counts (torch has one data-parallel degree);
-  equal counts export as a data-parallel dimension (``dp_degree``);
+  equal counts export as a data-parallel dimension (``dp_degree``), tensor-parallel groups
+  as a tensor-parallel one (``tp_degree``), sharded replicas as ZeRO-1 or FSDP over the
+  data-parallel one (:mod:`planner.export.torch_pipelining`);
 * recomputed stages under zero-bubble's split backward (``I`` then ``W``); under a whole
   backward (gpipe, 1f1b, interleaved) a recomputed stage exports as its module under
   non-reentrant activation checkpointing, as ``pipeplan run`` recomputes it;

@@ -9,8 +9,9 @@ Written into one folder:
 * ``schedule_compute.csv``: the same rows with F/B/I/W only, for ``_load_csv(path)``
   (torch adds the sends and receives itself; what torchtitan loads);
 * ``pipeline.json``: the split (the module where each stage starts, for
-  ``pipeline(split_spec=...)``; the modules and layers of each stage), stage to rank,
-  microbatch size and count, optimizer, and the model file;
+  ``pipeline(split_spec=...)``; the modules and layers of each stage, its recompute,
+  tensor_parallel, sequence_parallel and sharding), stage to rank, the device mesh
+  (:func:`mesh_config`), microbatch size and count, optimizer, and the model file;
 * ``train_pipeline.py``: builds the stages and the schedule from these and trains
   (``torchrun --nproc-per-node N train_pipeline.py``), a starting point for your loop.
 
@@ -18,6 +19,15 @@ Microbatches and loss: the plan's microbatch size and count; the model file's ``
 (pipeplan's default otherwise), divided by the number of microbatches with
 ``scale_grads=False``, so gradients are those of the whole batch's mean loss, as in
 ``pipeplan run`` and single-process training.
+
+Tensor, sequence and sharded data parallelism: each rank builds its tensor-parallel shard
+with the profiler's ``build_shard`` on the mesh's ``tp`` dimension; over its ``dp``
+dimension a stage's gradients are summed (``sharding: none``), summed and stepped by one
+owner per parameter (``zero1``), or reduce-scattered by FSDP2's ``fully_shard`` (``fsdp``,
+whose ``UNSHARD``/``REDUCE_GRAD``/``RESHARD`` cells :func:`~planner.export.actions.fsdp_cells`
+adds). The script's ``Optimizers`` and ``ZeroOne`` do on torch's collectives what
+``pipeplan run``'s runtime will do for such plans (issue 22's runtime slice): one
+arithmetic to fold together once both are in.
 
 Example::
 
