@@ -90,6 +90,15 @@ def as_inputs(value: Any) -> Any:
     return tuple(value) if isinstance(value, tuple | list) else (value,)
 
 
+def on_device(value: Any, device: torch.device) -> Any:
+    """``value``'s tensors on ``device`` (a sample the model, already there, can run)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: on_device(v, device) for key, v in value.items()}
+    return type(value)(on_device(v, device) for v in value)
+
+
 class Recompute(nn.Module):
     """A stage the plan recomputes: its forward under non-reentrant activation
     checkpointing, so only its inputs stay alive until its backward recomputes the rest."""
@@ -408,7 +417,7 @@ def main() -> None:
     model = user.build_model().to(device)
     model.train()
     mbs, m, m_local = cfg["microbatch_size"], cfg["num_microbatches"], cfg["microbatches_local"]
-    sample = as_inputs(user.sample_batch(mbs)[0])
+    sample = on_device(as_inputs(user.sample_batch(mbs)[0]), device)
     local = [s for s, r in enumerate(cfg["stage_to_rank"]) if r == pp_rank]
     stages, modules, cut = build_stages(args, cfg, model, sample, local, device, mesh)
     user_loss = getattr(user, "loss_fn", None) or default_loss
