@@ -37,7 +37,7 @@ from planner.plan import FileRef, Plan, StageSpec, parse_stages
 from planner.runtime import run_plan
 from planner.runtime.launch import free_port, worker_env
 from planner.runtime.reference import train_single_process
-from planner.schedule import Action, build_schedule, family
+from planner.schedule import Action, Schedule, build_schedule, family
 
 ROOT = Path(__file__).resolve().parents[1]
 HARD_TIMEOUT_S = 150
@@ -152,6 +152,37 @@ def test_uniform_replicas_are_a_data_parallel_dimension() -> None:
     uneven = parse_stages("0-2:a0,a1;3-5:b0")
     with pytest.raises(InputError, match="heterogeneous replica counts"):
         torch_layout(uneven, build_schedule("1f1b", uneven, 4))
+
+
+def test_tensor_parallel_groups_are_a_mesh_dimension() -> None:
+    """TP2 x DP2 x PP2: every member of a group runs its leader's row; ranks are numbered
+    in torchtitan's (pp, dp, tp) order; FSDP stages gain torch's UNSHARD, REDUCE_GRAD and
+    RESHARD cells around their compute; a member with another order is refused."""
+    specs = [
+        replace(s, sharding="fsdp" if s.id == 1 else "zero1")
+        for s in parse_stages("0-2:a0+a1,a2+a3;3-5:b0+b1,b2+b3")
+    ]
+    sched = build_schedule("1f1b", specs, 4)
+    layout = torch_layout(specs, sched)
+    assert (layout.pp_degree, layout.dp_degree, layout.tp_degree, layout.world_size) == (
+        2, 2, 2, 8,
+    )  # fmt: skip
+    assert layout.devices == [[["a0", "a1"], ["a2", "a3"]], [["b0", "b1"], ["b2", "b3"]]]
+    assert [layout.coordinates(r) for r in (0, 1, 2, 5)] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1),
+    ]  # fmt: skip
+    assert all(layout.rank(*layout.coordinates(r)) == r for r in range(8))
+    for j in range(2):
+        _validate_schedule(parse_rows(layout.compute_rows[j]), 2, 2, 2)
+    row = layout.rows[0][1]  # stage 1 (fsdp): gathered once, reduced after its last backward
+    assert row[:3] == ["1RECV_F0", "1UNSHARD", "1F0"] and row[-3:-1] == ["1REDUCE_GRAD", "1RESHARD"]
+    assert all(_Action.from_str(c) is not None for c in row)
+    assert not any("UNSHARD" in c for c in layout.rows[0][0])  # zero1: no FSDP cells
+    swapped = dict(sched.devices)
+    swapped["a1"] = [*swapped["a1"][1:2], swapped["a1"][0], *swapped["a1"][2:]]
+    reordered = Schedule("1f1b", 2, 4, swapped)
+    with pytest.raises(InputError, match="device a1 runs another order of actions than a0"):
+        torch_layout(specs, reordered)
 
 
 def test_names_from_layer_names() -> None:
