@@ -223,8 +223,9 @@ def data_parallel(module: nn.Module, stage: int, cfg: dict[str, Any], mesh: Any)
     from torch.distributed.fsdp import fully_shard
 
     sharded = fully_shard(module, mesh=mesh["dp"], reshard_after_forward=cfg["pp_degree"] == 1)
-    sharded.set_gradient_divide_factor(1.0)  # a plain SUM: gloo has no PREMUL_SUM
-    sharded.set_force_sum_reduction_for_comms(True)
+    sharded.set_gradient_divide_factor(1.0)
+    if hasattr(sharded, "set_force_sum_reduction_for_comms"):  # where torch has it: a SUM,
+        sharded.set_force_sum_reduction_for_comms(True)  # as gloo has no PREMUL_SUM
     return module  # fully_shard changed its class in place
 
 
