@@ -12,8 +12,7 @@ decoded JSON/YAML lists, or as objects; :func:`validate_stages` is the single ch
 partition covers the model's layers exactly once on known, distinct devices, in groups
 that line up from stage to stage. Schedules, the simulator, the solver, the peers, the
 runtime and plans all speak this type; it is frozen and hashable (the search keys its
-caches by it). The runtime and export do not run tensor parallelism or sharding yet
-(:func:`refuse_tensor_parallel`).
+caches by it).
 
 Example::
 
@@ -39,7 +38,6 @@ __all__ = [
     "StageSpec",
     "as_stages",
     "parse_stages",
-    "refuse_tensor_parallel",
     "stages_from_data",
     "validate_stages",
     "with_parallelism",
@@ -526,35 +524,6 @@ def with_parallelism(
         shard = sharding if sharding is not None and st.replicas > 1 else st.sharding
         out.append(replace(st, sequence_parallel=sp, sharding=shard))
     return out
-
-
-def refuse_tensor_parallel(
-    stage: StageSpec, *, command: str, source: str | None = None, where: str | None = None
-) -> None:
-    """Refuse a stage that is tensor parallel or sharded where ``command`` cannot run it
-    yet (``run``, ``export``: later slices of issue 22; ``simulate`` and ``show`` can). One
-    line naming the stage.
-
-    Example::
-
-        refuse_tensor_parallel(parse_stages("0-3:gpu0+gpu1")[0], command="run")  # InputError
-    """
-    at = where or f"stages[{stage.id}]"
-    if stage.tensor_parallel > 1:
-        raise InputError(
-            f"{command} does not run tensor parallelism yet (stage {stage.id} runs on groups "
-            f"{stage.describe()}); simulate and show do. Give one device per replica, e.g. "
-            "'gpu0,gpu1'",
-            file=source,
-            field=f"{at}.tensor_parallel",
-        )
-    if stage.sharding != "none":
-        raise InputError(
-            f"{command} does not run sharded data parallelism ({stage.sharding}) yet (stage "
-            f"{stage.id}); simulate and show do. Leave sharding out for {command}",
-            file=source,
-            field=f"{at}.sharding",
-        )
 
 
 def as_stages(stages: Any) -> list[StageSpec]:

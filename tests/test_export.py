@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,11 @@ from planner.export import export_plan
 from planner.export.actions import torch_cell, torch_layout
 from planner.export.split import layer_modules, titan_module
 from planner.fileio import sha256_file
-from planner.plan import FileRef, Plan, parse_stages
+from planner.plan import FileRef, Plan, StageSpec, parse_stages
 from planner.runtime import run_plan
 from planner.runtime.launch import free_port, worker_env
 from planner.runtime.reference import train_single_process
-from planner.schedule import Action, build_schedule, family
+from planner.schedule import Action, Schedule, build_schedule, family
 
 ROOT = Path(__file__).resolve().parents[1]
 HARD_TIMEOUT_S = 150
@@ -151,6 +152,37 @@ def test_uniform_replicas_are_a_data_parallel_dimension() -> None:
     uneven = parse_stages("0-2:a0,a1;3-5:b0")
     with pytest.raises(InputError, match="heterogeneous replica counts"):
         torch_layout(uneven, build_schedule("1f1b", uneven, 4))
+
+
+def test_tensor_parallel_groups_are_a_mesh_dimension() -> None:
+    """TP2 x DP2 x PP2: every member of a group runs its leader's row; ranks are numbered
+    in torchtitan's (pp, dp, tp) order; FSDP stages gain torch's UNSHARD, REDUCE_GRAD and
+    RESHARD cells around their compute; a member with another order is refused."""
+    specs = [
+        replace(s, sharding="fsdp" if s.id == 1 else "zero1")
+        for s in parse_stages("0-2:a0+a1,a2+a3;3-5:b0+b1,b2+b3")
+    ]
+    sched = build_schedule("1f1b", specs, 4)
+    layout = torch_layout(specs, sched)
+    assert (layout.pp_degree, layout.dp_degree, layout.tp_degree, layout.world_size) == (
+        2, 2, 2, 8,
+    )  # fmt: skip
+    assert layout.devices == [[["a0", "a1"], ["a2", "a3"]], [["b0", "b1"], ["b2", "b3"]]]
+    assert [layout.coordinates(r) for r in (0, 1, 2, 5)] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1),
+    ]  # fmt: skip
+    assert all(layout.rank(*layout.coordinates(r)) == r for r in range(8))
+    for j in range(2):
+        _validate_schedule(parse_rows(layout.compute_rows[j]), 2, 2, 2)
+    row = layout.rows[0][1]  # stage 1 (fsdp): gathered once, reduced after its last backward
+    assert row[:3] == ["1RECV_F0", "1UNSHARD", "1F0"] and row[-3:-1] == ["1REDUCE_GRAD", "1RESHARD"]
+    assert all(_Action.from_str(c) is not None for c in row)
+    assert not any("UNSHARD" in c for c in layout.rows[0][0])  # zero1: no FSDP cells
+    swapped = dict(sched.devices)
+    swapped["a1"] = [*swapped["a1"][1:2], swapped["a1"][0], *swapped["a1"][2:]]
+    reordered = Schedule("1f1b", 2, 4, swapped)
+    with pytest.raises(InputError, match="device a1 runs another order of actions than a0"):
+        torch_layout(specs, reordered)
 
 
 def test_names_from_layer_names() -> None:
@@ -291,18 +323,25 @@ def run_exported(out: Path, world: int, steps: int, *extra: str) -> dict[str, to
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err.decode()[-2000:]
+    for p in procs:  # every rank's errors: the first to fail may not be the first rank
+        assert p.returncode == 0, "\n".join(err.decode()[-3000:] for _, err in outputs)
     losses = [
         float(line.split()[-1])
         for stdout, _ in outputs
         for line in stdout.decode().splitlines()
         if line.startswith("step ")
     ]
+    held = [  # rank R (...): holds L of W parameter elements, optimizer state for S
+        [int(w.strip(":,()")) for w in line.split() if w.strip(":,()").isdigit()]
+        for stdout, _ in outputs
+        for line in stdout.decode().splitlines()
+        if line.startswith("rank ")
+    ]
     params: dict[str, torch.Tensor] = {}
     for f in sorted(glob.glob(f"{prefix}.rank*.pt")):
         params.update(torch.load(f))
     params["__losses__"] = torch.tensor(losses, dtype=torch.float64)
+    params["__held__"] = torch.tensor(sorted(held))  # rank, pp, dp, tp, local, whole, state
     return params
 
 
@@ -310,7 +349,7 @@ def check_same(
     got: dict[str, torch.Tensor], losses: list[float], params: dict[str, torch.Tensor]
 ) -> None:
     assert got["__losses__"].tolist() == pytest.approx(losses, rel=1e-5, abs=1e-7)
-    assert set(got) - {"__losses__"} == set(params)
+    assert set(got) - {"__losses__", "__held__"} == set(params)
     for name, value in params.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
 
@@ -459,3 +498,127 @@ def test_gradients_crossing_a_cut_as_slices_train_like_one_process(
         )  # fmt: skip
         assert report.parameters is not None
         check_same(got, report.losses, report.parameters)
+
+
+# --- tensor, sequence and sharded data parallelism ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("example", "stages", "schedule", "sequence_parallel", "sharding"),
+    [
+        ("gpt", "0-2:cpu0+cpu1;3-5:cpu2+cpu3", "1f1b", True, ()),  # TP2 x PP2, SP
+        # PP2 x DP2, two stages a rank: ZeRO-1 on one rank, FSDP on the other
+        ("mlp", "0:a,c;1-2:b,d;3:a,c;4-5:b,d", "interleaved", False, ("zero1", "fsdp")),
+    ],
+)
+def test_parallel_plans_train_like_one_process(
+    tmp_path: Path,
+    example: str,
+    stages: str,
+    schedule: str,
+    sequence_parallel: bool,
+    sharding: tuple[str, ...],
+) -> None:
+    """Each rank builds its tensor-parallel shard with the profiler's build_shard on the
+    mesh's tp dimension, and each stage's replicas sum their gradients, or shard the
+    optimizer (ZeRO-1) or everything (torch's fully_shard) over its dp dimension: losses
+    and every parameter element (``full_tensor()``) equal to one process."""
+    m, mbs, steps = 4, 2, 2
+    specs = [
+        replace(s, sequence_parallel=sequence_parallel, sharding=sharding[s.id % len(sharding)])
+        if sharding
+        else replace(s, sequence_parallel=sequence_parallel)
+        for s in parse_stages(stages)
+    ]
+    path = make_plan(tmp_path, example, stages, schedule, m, mbs)
+    plan = Plan.load(path)
+    plan = replace(plan, stages=specs, schedule=build_schedule(schedule, specs, m))
+    plan.save(path)
+    model = ROOT / "examples" / f"{example}.py"
+    result = export_plan(path, "torch", tmp_path / "out", model=model)
+    cfg = json.loads((result.out_dir / "pipeline.json").read_text())
+    assert cfg["mesh"]["dim_names"] == ["pp", "dp", "tp"]
+    assert cfg["mesh"]["shape"] == [result.pp_degree, result.dp_degree, result.tp_degree]
+    assert [s["sharding"] for s in cfg["stages"]] == [s.sharding for s in specs]
+    got = run_exported(result.out_dir, result.world_size, steps)
+    ref = train_single_process(
+        model, steps=steps, batch_size=m * mbs, optimizer="momentum", lr=0.05
+    )
+    check_same(got, ref.losses, ref.parameters)
+    check_held(got["__held__"].tolist(), specs)
+
+
+def check_held(held: list[list[int]], specs: list[StageSpec]) -> None:
+    """Each rank's line ``holds L of W parameter elements, optimizer state for S``: a
+    tensor-parallel or FSDP stage holds less than its whole, a ZeRO-1 stage's replicas
+    split its optimizer state (one stage per pipeline rank here)."""
+    zero_state: dict[tuple[int, int], int] = {}
+    for _, pp, _, tp, local, whole, state in held:
+        spec = specs[pp]
+        sharded = spec.tensor_parallel > 1 or spec.sharding == "fsdp"
+        assert local < whole if sharded else local == whole
+        if spec.sharding == "zero1":
+            assert 0 < state < local
+            zero_state[(pp, tp)] = zero_state.get((pp, tp), 0) + state
+            assert zero_state[(pp, tp)] <= local
+        else:
+            assert state == local
+    for (pp, tp), total in zero_state.items():  # every element's state on one replica
+        assert total == next(h[4] for h in held if (h[1], h[3]) == (pp, tp))
+
+
+def test_tensor_parallel_plan_the_model_cannot_split_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/gpt.py has 4 heads: a group of 8 cannot split them; refused before any
+    file is written, with one line naming the model file."""
+    devices = "+".join(f"cpu{i}" for i in range(8))
+    path = make_plan(tmp_path, "gpt", "0-5:cpu0", "1f1b", 2, 1)
+    plan = Plan.load(path)
+    specs = parse_stages(f"0-5:{devices}")
+    replace(plan, stages=specs, schedule=build_schedule("1f1b", specs, 2)).save(path)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(path), "--to", "torch", "-o", str(out), "--model", "examples/gpt.py"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "stages[0].tensor_parallel" in err and "4 attention heads" in err and "gpt.py" in err
+    assert not out.exists()
+    export_plan(path, "torch", out)  # without --model nothing checks the model: the script will
+
+
+def parallel_plan(
+    tmp: Path, stages: str, sequence_parallel: bool, sharding: tuple[str, ...]
+) -> Path:
+    """A 1f1b plan over the gpt profile with the stages' parallel settings."""
+    specs = [
+        replace(s, sequence_parallel=sequence_parallel, sharding=sharding[s.id % len(sharding)])
+        for s in parse_stages(stages)
+    ]
+    path = make_plan(tmp, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1)
+    plan = Plan.load(path)
+    replace(plan, stages=specs, schedule=build_schedule("1f1b", specs, 4)).save(path)
+    return path
+
+
+def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
+    """TP2 x PP2 x DP2 with sequence parallelism and FSDP: torchtitan's degrees, read back;
+    what torchtitan cannot express is refused with one line naming the stage's field."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tp_dp = "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7"
+    plan = parallel_plan(tmp_path, tp_dp, True, ("fsdp",))
+    result = export_plan(plan, "torchtitan", tmp_path / "titan")
+    par = tomllib.loads((result.out_dir / "torchtitan.toml").read_text())["parallelism"]
+    assert (par["pipeline_parallel_degree"], par["tensor_parallel_degree"]) == (2, 2)
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
+    assert result.world_size == 8
+    for stages, sp, sharding, match in [
+        (tp_dp, False, ("fsdp",), r"stages\[0\].sequence_parallel: torchtitan applies sequence"),
+        (tp_dp, True, ("zero1",), r"stages\[0\].sharding: torchtitan has no ZeRO-1"),
+        (tp_dp, True, ("fsdp", "none"), r"stages\[1\]: stage 1 has .* one setting"),
+        ("0-2:cpu0,cpu2;3-5:cpu1,cpu3", False, ("none",), "DDP has not supported"),
+    ]:
+        with pytest.raises(InputError, match=match) as refused:
+            export_plan(parallel_plan(tmp_path, stages, sp, sharding), "torchtitan", tmp_path / "x")
+        assert "\n" not in str(refused.value)
+    assert not (tmp_path / "x").exists()

@@ -1,7 +1,7 @@
 """A tensor-parallel plan through the command line: `simulate --stages` with '+' groups,
 `--sequence-parallel` and `--sharding` write it, `show` draws it (one Gantt row per group,
-one trace track per device), and `export` refuses it with one line until its slice of
-issue 22 lands (`run` runs it: tests/test_runtime_tensor_parallel.py)."""
+one trace track per device); `run` trains it (tests/test_runtime_tensor_parallel.py) and
+`export` writes it (tests/test_export.py)."""
 
 from __future__ import annotations
 
@@ -99,22 +99,3 @@ def test_a_member_list_that_is_not_its_leaders_mirror_is_refused(
     code, _, err = _run(capsys, "show", str(plan))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "schedule.devices.gpu1[0]" in err and "mirror of its group leader" in err
-
-
-def test_export_refuses_a_tensor_parallel_plan_with_one_line(
-    plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    model = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
-    code, _, err = _run(
-        capsys,
-        "export",
-        str(plan),
-        "--to",
-        "torch",
-        "--model",
-        str(model),
-        "-o",
-        str(tmp_path / "out"),
-    )
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "export does not run tensor parallelism yet" in err

@@ -18,7 +18,6 @@ from planner.stages import (
     StageSpec,
     as_stages,
     parse_stages,
-    refuse_tensor_parallel,
     stages_from_data,
     validate_stages,
     with_parallelism,
@@ -152,21 +151,6 @@ def test_the_flags_apply_to_every_stage_that_can_take_them() -> None:
     zero = with_parallelism(mixed, sharding="zero1")
     assert [s.sharding for s in with_parallelism(zero, sharding="none")] == ["none", "none"]
     assert with_parallelism(zero) == zero
-
-
-def test_run_and_export_refuse_what_they_cannot_run_yet() -> None:
-    tp, sharded = (
-        parse_stages(TP_TEXT)[0],
-        with_parallelism(parse_stages("0:a,b"), sharding="zero1")[0],
-    )
-    with pytest.raises(InputError, match="run does not run tensor parallelism yet") as info:
-        refuse_tensor_parallel(tp, command="run", source="plan.json")
-    assert info.value.field == "stages[0].tensor_parallel" and info.value.file == "plan.json"
-    assert "gpu0+gpu1,gpu2+gpu3" in str(info.value)
-    with pytest.raises(InputError, match="export does not run sharded data parallelism") as info:
-        refuse_tensor_parallel(sharded, command="export")
-    assert info.value.field == "stages[0].sharding"
-    refuse_tensor_parallel(parse_stages("0:a,b")[0], command="run")  # plain replicas: fine
 
 
 def test_a_plan_shape_is_hashable_and_a_plan_exposes_its_own(tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ def export_command(
                     "files": [str(f) for f in result.files],
                     "pp_degree": result.pp_degree,
                     "dp_degree": result.dp_degree,
+                    "tp_degree": result.tp_degree,
                     "world_size": result.world_size,
                     "notes": result.notes,
                 },

@@ -7,8 +7,13 @@ exactly; see :mod:`planner.export.source`) and writes a folder:
   ``_PipelineScheduleRuntime``), ``schedule_compute.csv``, ``pipeline.json`` (split points,
   stage modules and layers, ranks, microbatches) and ``train_pipeline.py`` (builds the
   stages and the schedule and trains); :mod:`planner.export.torch_pipelining`;
-* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads)
-  and the ``schedule_compute.csv`` it names; :mod:`planner.export.torchtitan`.
+* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads,
+  tensor and FSDP degrees included) and the ``schedule_compute.csv`` it names;
+  :mod:`planner.export.torchtitan`.
+
+Tensor-parallel, sequence-parallel, ZeRO-1 and FSDP plans export to both (what each
+target cannot express is refused with one line); with ``--model`` a tensor-parallel
+degree the model's plan cannot split is refused first (:func:`check_tensor_parallel`).
 
 The package depends only on the plan, profile, schedule and (for ``--model``) the profiler's
 splitter; nothing imports it but the ``export`` command.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from planner.errors import InputError
 from planner.export.source import ExportSource, load_export_source
@@ -33,10 +39,17 @@ from planner.fileio import check_input_file
 from planner.outputs import Outputs
 from planner.plan_inputs import plan_files
 from planner.profile.isolated import call_isolated
-from planner.profile.loader import check_model_path, load_model_file
+from planner.profile.loader import UserModel, check_model_path, load_model_file
 from planner.profile.model_check import ProfiledSplit, check_source, check_split
 
-__all__ = ["TARGETS", "ExportResult", "check_model", "check_model_file", "export_plan"]
+__all__ = [
+    "TARGETS",
+    "ExportResult",
+    "check_model",
+    "check_model_file",
+    "check_tensor_parallel",
+    "export_plan",
+]
 
 TARGETS = ("torch", "torchtitan")
 
@@ -51,10 +64,11 @@ class ExportResult:
     pp_degree: int
     dp_degree: int
     notes: list[str] = field(default_factory=list)
+    tp_degree: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.pp_degree * self.dp_degree
+        return self.pp_degree * self.dp_degree * self.tp_degree
 
 
 def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
@@ -87,7 +101,37 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     split = capture_model(net, inputs, expected.split_at, capture=expected.capture)
     covered = max(s.last for s in source.plan.stages) + 1
     check_split(split, expected, model=str(model), covered=covered)
+    check_tensor_parallel(source, user, net)
     return str(Path(model).resolve())
+
+
+def check_tensor_parallel(source: ExportSource, user: UserModel, net: Any) -> None:
+    """Refuse, before anything is written, a tensor-parallel plan whose model's plan
+    (``tp_plan()`` or Hugging Face's) the script's ``build_shard`` would refuse: the
+    profiler's own checks (a degree that does not divide the heads or a split dimension,
+    no plan, no sequence-parallel form, ...).
+
+    Example::
+
+        check_tensor_parallel(source, load_model_file("examples/gpt.py"), gpt)
+    """
+    from planner.profile.tensor_parallel import TensorParallelRequest, check_request
+
+    checked: set[tuple[int, bool]] = set()
+    for stage in source.plan.stages:
+        setting = (stage.tensor_parallel, stage.sequence_parallel)
+        if stage.tensor_parallel == 1 or setting in checked:
+            continue
+        checked.add(setting)
+        try:
+            request = TensorParallelRequest((setting[0],), setting[1])
+            check_request(user, net, request, source.profile.settings.split_at)
+        except InputError as err:  # the profiler's words; the plan's field
+            raise InputError(
+                f"{err.message} (the model file {user.path})",
+                file=source.plan_path,
+                field=f"stages[{stage.id}].tensor_parallel",
+            ) from None
 
 
 def check_model_file(plan: str, model: str) -> str:
@@ -149,4 +193,6 @@ def export_plan(
         export_torchtitan(outs, source, target)
     files = outs.commit()
     layout = source.layout
-    return ExportResult(to, target, files, layout.pp_degree, layout.dp_degree, notes)
+    return ExportResult(
+        to, target, files, layout.pp_degree, layout.dp_degree, notes, layout.tp_degree
+    )

@@ -6,7 +6,9 @@ runtime would not train exactly as ``pipeplan run`` does:
 
 * ``2bw`` (two weight versions, no flush between iterations): torch flushes every step;
 * replicated stages with different replica counts (torch has one data-parallel degree);
-  equal counts export as a data-parallel dimension (``dp_degree``);
+  equal counts export as a data-parallel dimension (``dp_degree``), tensor-parallel groups
+  as a tensor-parallel one (``tp_degree``), sharded replicas as ZeRO-1 or FSDP over the
+  data-parallel one (:mod:`planner.export.torch_pipelining`);
 * recomputed stages under zero-bubble's split backward (``I`` then ``W``); under a whole
   backward (gpipe, 1f1b, interleaved) a recomputed stage exports as its module under
   non-reentrant activation checkpointing, as ``pipeplan run`` recomputes it;
@@ -33,7 +35,6 @@ from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.profile.schema import Profile, load_profile
 from planner.schedule import ActionType, Schedule
-from planner.stages import refuse_tensor_parallel
 
 __all__ = ["ExportSource", "load_export_source"]
 
@@ -87,8 +88,6 @@ def load_export_source(plan_path: str | os.PathLike[str]) -> ExportSource:
 
 
 def _refuse_schedule(plan: Plan, schedule: Schedule, where: str) -> None:
-    for stage in plan.stages:  # until issue 22's export slice lands
-        refuse_tensor_parallel(stage, command="export", source=where)
     if schedule.weight_versions == 2:
         raise InputError(
             "schedule 2bw (PipeDream-2BW: two weight versions, no flush between iterations) "

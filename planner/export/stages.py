@@ -57,6 +57,21 @@ class PipeplanStages:
             PipeplanStages.build(model, (x,), [(0, 2), (3, 5)], capture="fx")
         """
         split = capture_model(model, sample_inputs, split_at, capture=capture)
+        return cls.from_split(split, sample_inputs, layers)
+
+    @classmethod
+    def from_split(
+        cls, split: SplitModel, sample_inputs: Any, layers: Sequence[Sequence[int]]
+    ) -> PipeplanStages:
+        """Join the layers of a model already captured and split (a tensor-parallel rank's
+        shard, :func:`planner.profile.tensor_parallel.build_shard`) per stage.
+
+        Example::
+
+            shard = build_shard(user, model, [x], mesh["tp"], degree=2, split_at=None,
+                                capture="fx")
+            PipeplanStages.from_split(shard.splits[0], (x,), [(0, 2), (3, 5)])
+        """
         spans = [(int(a), int(b)) for a, b in layers]
         if spans[-1][1] != split.num_layers - 1:
             raise ValueError(

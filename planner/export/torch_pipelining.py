@@ -9,8 +9,9 @@ Written into one folder:
 * ``schedule_compute.csv``: the same rows with F/B/I/W only, for ``_load_csv(path)``
   (torch adds the sends and receives itself; what torchtitan loads);
 * ``pipeline.json``: the split (the module where each stage starts, for
-  ``pipeline(split_spec=...)``; the modules and layers of each stage), stage to rank,
-  microbatch size and count, optimizer, and the model file;
+  ``pipeline(split_spec=...)``; the modules and layers of each stage, its recompute,
+  tensor_parallel, sequence_parallel and sharding), stage to rank, the device mesh
+  (:func:`mesh_config`), microbatch size and count, optimizer, and the model file;
 * ``train_pipeline.py``: builds the stages and the schedule from these and trains
   (``torchrun --nproc-per-node N train_pipeline.py``), a starting point for your loop.
 
@@ -18,6 +19,15 @@ Microbatches and loss: the plan's microbatch size and count; the model file's ``
 (pipeplan's default otherwise), divided by the number of microbatches with
 ``scale_grads=False``, so gradients are those of the whole batch's mean loss, as in
 ``pipeplan run`` and single-process training.
+
+Tensor, sequence and sharded data parallelism: each rank builds its tensor-parallel shard
+with the profiler's ``build_shard`` on the mesh's ``tp`` dimension; over its ``dp``
+dimension a stage's gradients are summed (``sharding: none``), summed and stepped by one
+owner per parameter (``zero1``), or reduce-scattered by FSDP2's ``fully_shard`` (``fsdp``,
+whose ``UNSHARD``/``REDUCE_GRAD``/``RESHARD`` cells :func:`~planner.export.actions.fsdp_cells`
+adds). The script's ``Optimizers`` and ``ZeroOne`` do on torch's collectives what
+``pipeplan run``'s runtime will do for such plans (issue 22's runtime slice): one
+arithmetic to fold together once both are in.
 
 Example::
 
@@ -33,14 +43,18 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.export.actions import TorchLayout
 from planner.export.source import ExportSource
 
 if TYPE_CHECKING:
     from planner.outputs import Outputs
 
-__all__ = ["SCHEMA", "csv_text", "export_torch", "pipeline_config"]
+__all__ = ["MESH_DIMS", "SCHEMA", "csv_text", "export_torch", "mesh_config", "pipeline_config"]
 
 SCHEMA = "pipeplan.export.torch/v1"
+MESH_DIMS = ("pp", "dp", "tp")
+"""The device mesh's dimensions, in torchtitan's order (``ParallelDims``: pp, then data
+parallel, then tp); ``dp`` is replicated, ZeRO-1 or FSDP per stage (``stages[s].sharding``)."""
 _TEMPLATE = Path(__file__).with_name("train_pipeline.py")
 
 
@@ -70,6 +84,28 @@ def schedule_files(dp_degree: int, kind: str = "schedule") -> list[str]:
     return [f"{kind}-dp{j}.csv" for j in range(dp_degree)]
 
 
+def mesh_config(layout: TorchLayout) -> dict[str, Any]:
+    """``pipeline.json``'s ``mesh``: the dimensions in torchtitan's ``ParallelDims`` order
+    (pipeline outermost, tensor parallel innermost), their degrees, and each global rank's
+    coordinates and plan device, for ``init_device_mesh(device, shape,
+    mesh_dim_names=names)``.
+
+    Example::
+
+        mesh_config(layout)["ranks"][3]   # {'rank': 3, 'pp': 1, 'dp': 0, 'tp': 1, 'device': 'cpu3'}
+    """
+    ranks = []
+    for rank in range(layout.world_size):
+        pp, dp, tp = layout.coordinates(rank)
+        device = layout.devices[pp][dp][tp]
+        ranks.append({"rank": rank, "pp": pp, "dp": dp, "tp": tp, "device": device})
+    return {
+        "dim_names": list(MESH_DIMS),
+        "shape": [layout.pp_degree, layout.dp_degree, layout.tp_degree],
+        "ranks": ranks,
+    }
+
+
 def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
     """The ``pipeline.json`` object.
 
@@ -85,6 +121,8 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
         "model": model,
         "pp_degree": layout.pp_degree,
         "dp_degree": layout.dp_degree,
+        "tp_degree": layout.tp_degree,
+        "mesh": mesh_config(layout),
         "microbatch_size": plan.microbatch_size,
         "num_microbatches": plan.num_microbatches,
         "microbatches_local": layout.microbatches_per_replica,
@@ -100,6 +138,9 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
                 "starts_at": s.starts_at,
                 "modules": s.modules,
                 "recompute": plan.stages[s.stage].recompute,
+                "tensor_parallel": plan.stages[s.stage].tensor_parallel,
+                "sequence_parallel": plan.stages[s.stage].sequence_parallel,
+                "sharding": plan.stages[s.stage].sharding,
             }
             for s in source.splits
         ],

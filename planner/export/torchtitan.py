@@ -16,6 +16,24 @@ Checked against torchtitan's source (TOML job configs): ``torchtitan/config/job_
 So a plan exports when its stages sit on ranks in loop order and each module belongs to one
 stage; the rest of :mod:`planner.export.source`'s refusals apply too.
 
+Tensor parallelism and sharding were checked against the last TOML-era torchtitan,
+commit ``238fa9953e4a`` (2026-02-23, before the config refactor #2386 that replaced TOML
+job configs by Python dataclasses; :data:`TORCHTITAN_PARALLEL_COMMIT`):
+``torchtitan/config/job_config.py`` and ``torchtitan/models/llama3/infra/parallelize.py``:
+
+* ``parallelism.tensor_parallel_degree``: ``apply_tp`` always parallelizes the norms over
+  the sequence (``SequenceParallel``), so sequence parallelism is on with every degree
+  above 1 and there is no field to turn it off (``enable_sequence_parallel`` came with
+  commit ``aa68af18e``, 2026-03-29, in the Python configs): a plan without it is refused;
+* ``parallelism.data_parallel_shard_degree``: FSDP2's ``fully_shard`` over that many ranks
+  (``fsdp_reshard_after_forward = "default"``: not resharded after forward under pipeline
+  parallelism), for a plan whose stages are sharded ``fsdp``;
+* ``parallelism.data_parallel_replicate_degree`` alone is DDP, which torchtitan refuses
+  next to pipeline or tensor parallelism ("DDP has not supported > 1D parallelism"): such
+  a plan is refused (solve with ``--sharding fsdp``);
+* ZeRO-1 has no field (torchtitan shards with FSDP only), and every setting is one for the
+  whole model: stages that differ are refused.
+
 Example::
 
     text = titan_toml(source, csv_path="plan-torchtitan/schedule_compute.csv")
@@ -32,10 +50,21 @@ from planner.export.split import titan_module
 from planner.export.torch_pipelining import csv_text
 from planner.outputs import Outputs
 
-__all__ = ["TORCHTITAN_COMMIT", "export_torchtitan", "titan_modules", "titan_toml"]
+__all__ = [
+    "TORCHTITAN_COMMIT",
+    "TORCHTITAN_PARALLEL_COMMIT",
+    "export_torchtitan",
+    "titan_data_parallel",
+    "titan_modules",
+    "titan_toml",
+]
 
 TORCHTITAN_COMMIT = "02ef790c79614758f85880e173d2338d7de502a3"
 """The torchtitan commit whose pipeline_parallel.py the fields were checked against."""
+
+TORCHTITAN_PARALLEL_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
+"""The torchtitan commit (the last with TOML job configs) whose job_config.py and llama3
+parallelize.py the tensor-parallel and data-parallel fields were checked against."""
 
 
 def titan_modules(source: ExportSource) -> list[list[str]]:
@@ -67,6 +96,57 @@ def titan_modules(source: ExportSource) -> list[list[str]]:
                 )
         parts.append(names)
     return parts
+
+
+def titan_data_parallel(source: ExportSource) -> tuple[int, int]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree)`` of the plan; one
+    InputError line for what torchtitan cannot express (module docstring).
+
+    Example::
+
+        titan_data_parallel(source)    # (1, 2) for two replicas sharded with fsdp
+    """
+    layout, stages, where = source.layout, source.plan.stages, source.plan_path
+    for stage in stages:
+        field = f"stages[{stage.id}]"
+        if (stage.sequence_parallel, stage.sharding) != (
+            stages[0].sequence_parallel,
+            stages[0].sharding,
+        ):
+            raise InputError(
+                f"stage {stage.id} has sequence_parallel {stage.sequence_parallel}, sharding "
+                f"{stage.sharding!r}, stage 0 {stages[0].sequence_parallel}, "
+                f"{stages[0].sharding!r}; torchtitan has one setting for the whole model",
+                file=where,
+                field=field,
+            )
+        if stage.tensor_parallel > 1 and not stage.sequence_parallel:
+            raise InputError(
+                "torchtitan applies sequence parallelism with every tensor-parallel degree "
+                f"(commit {TORCHTITAN_PARALLEL_COMMIT[:12]}: no field turns it off); solve "
+                "with --sequence-parallel",
+                file=where,
+                field=f"{field}.sequence_parallel",
+            )
+        if stage.sharding == "zero1":
+            raise InputError(
+                "torchtitan has no ZeRO-1 (it shards data parallelism with FSDP only); solve "
+                "with --sharding fsdp or none",
+                file=where,
+                field=f"{field}.sharding",
+            )
+    dp = layout.dp_degree
+    if stages[0].sharding == "fsdp":
+        return 1, dp
+    if dp > 1 and (layout.pp_degree > 1 or layout.tp_degree > 1):
+        raise InputError(
+            f"{dp} replicas without sharding are torchtitan's DDP, which it refuses next to "
+            "pipeline or tensor parallelism ('DDP has not supported > 1D parallelism'); "
+            "solve with --sharding fsdp",
+            file=where,
+            field="stages[0].sharding",
+        )
+    return dp, 1
 
 
 def titan_toml(source: ExportSource, *, csv_path: str) -> str:
@@ -101,19 +181,24 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
                 field=f"stages[{stage.id}].recompute",
             )
     modules = titan_modules(source)
+    replicate, shard = titan_data_parallel(source)
     style = "Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B"
     local_batch = plan.microbatch_size * layout.microbatches_per_replica
     lines = [
         f"# pipeplan export of {source.plan_path} (schedule {source.schedule.name}, "
         f"{len(source.splits)} stages on {p} pipeline ranks x {layout.dp_degree} "
-        "data-parallel replicas).",
+        f"data-parallel replicas x {layout.tp_degree} tensor-parallel ranks).",
         f"# Fields as read by torchtitan commit {TORCHTITAN_COMMIT[:12]} "
-        "(torchtitan/distributed/pipeline_parallel.py); see docs/export.md.",
+        "(torchtitan/distributed/pipeline_parallel.py) and, for tensor and data "
+        f"parallelism, {TORCHTITAN_PARALLEL_COMMIT[:12]}; see docs/export.md.",
         "# The module names are the profiled model's: they must be your torchtitan model's.",
+        "# Tensor parallelism follows torchtitan's own plan for its model (with sequence",
+        "# parallelism), not the model file's tp_plan().",
         "[parallelism]",
         f"pipeline_parallel_degree = {p}",
-        f"data_parallel_replicate_degree = {layout.dp_degree}",
-        "data_parallel_shard_degree = 1",
+        f"data_parallel_replicate_degree = {replicate}",
+        f"data_parallel_shard_degree = {shard}",
+        f"tensor_parallel_degree = {layout.tp_degree}",
         f'pipeline_parallel_schedule = "{style}"  # stage placement only; the CSV is the order',
         f"pipeline_parallel_schedule_csv = {json.dumps(csv_path)}",
         f"pipeline_parallel_microbatch_size = {plan.microbatch_size}",

@@ -12,7 +12,16 @@ Each step seeds torch with the step number and draws ``sample_batch(microbatch_s
 num_microbatches)`` from the model file, as ``pipeplan run`` does, so both train alike;
 put your data loader there. ``--split pipeplan`` (default) cuts the model with pipeplan's
 splitter, exactly the layers it profiled; ``--split torch`` needs no pipeplan but only
-models whose stages talk to their neighbours only.
+models whose stages talk to their neighbours only, and no tensor parallelism or FSDP.
+
+The ranks form a device mesh ``(pp, dp, tp)`` (``pipeline.json``'s ``mesh``, torchtitan's
+order). With tensor parallelism each rank's stages are its shard of the model, built by
+pipeplan's profiler (``build_shard``: the model's ``tp_plan()`` or Hugging Face plan under
+torch's ``parallelize_module`` on ``mesh["tp"]``); member ``i`` of a stage's group talks to
+member ``i`` of the next. Over ``mesh["dp"]`` each stage's gradients are summed
+(``sharding: none``), summed and stepped by one owner per parameter that broadcasts it
+(``zero1``: ZeRO-1, each replica holds the optimizer state of its parameters only), or
+reduce-scattered by torch's FSDP2 ``fully_shard`` (``fsdp``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, SplitPoint, pipeline
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -78,6 +88,15 @@ def as_inputs(value: Any) -> Any:
     if isinstance(value, dict):
         return dict(value)
     return tuple(value) if isinstance(value, tuple | list) else (value,)
+
+
+def on_device(value: Any, device: torch.device) -> Any:
+    """``value``'s tensors on ``device`` (a sample the model, already there, can run)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: on_device(v, device) for key, v in value.items()}
+    return type(value)(on_device(v, device) for v in value)
 
 
 class Recompute(nn.Module):
@@ -166,6 +185,50 @@ def take(value: Any, rows: list[int], mbs: int) -> Any:
     return type(value)(take(v, rows, mbs) for v in value)
 
 
+def split_model(
+    args: argparse.Namespace, cfg: dict[str, Any], model: nn.Module, sample: Any, mesh: Any
+) -> Any:
+    """pipeplan's cut of the model into the plan's stages; with tensor parallelism, this
+    rank's shard of it on ``mesh["tp"]``, captured and sharded as the profiler did."""
+    from planner.export.stages import PipeplanStages  # lazy: --split torch needs no pipeplan
+
+    if cfg["tp_degree"] == 1:
+        return PipeplanStages.build(
+            model, sample, cfg["stage_layers"], split_at=cfg["split_at"], capture=cfg["capture"]
+        )
+    from planner.profile.loader import load_model_file
+    from planner.profile.tensor_parallel import build_shard
+
+    shard = build_shard(
+        load_model_file(args.model or cfg["model"]),
+        model,
+        [sample],
+        mesh["tp"],
+        degree=cfg["tp_degree"],
+        sequence_parallel=cfg["stages"][0]["sequence_parallel"],
+        split_at=cfg["split_at"],
+        capture=cfg["capture"],
+        names=[name for stage in cfg["stages"] for name in stage["layer_names"]],
+    )
+    return PipeplanStages.from_split(shard.splits[0], sample, cfg["stage_layers"])
+
+
+def data_parallel(module: nn.Module, stage: int, cfg: dict[str, Any], mesh: Any) -> nn.Module:
+    """``module`` under torch's FSDP2 ``fully_shard`` on ``mesh["dp"]`` where the plan
+    shards the stage with fsdp: gradients summed (divide factor 1, the loss is already a
+    mean), parameters kept gathered between forward and backward under pipelining
+    (torchtitan's default with pp)."""
+    if cfg["stages"][stage]["sharding"] != "fsdp":
+        return module
+    from torch.distributed.fsdp import fully_shard
+
+    sharded = fully_shard(module, mesh=mesh["dp"], reshard_after_forward=cfg["pp_degree"] == 1)
+    sharded.set_gradient_divide_factor(1.0)
+    if hasattr(sharded, "set_force_sum_reduction_for_comms"):  # where torch has it: a SUM,
+        sharded.set_force_sum_reduction_for_comms(True)  # as gloo has no PREMUL_SUM
+    return module  # fully_shard changed its class in place
+
+
 def build_stages(
     args: argparse.Namespace,
     cfg: dict[str, Any],
@@ -173,11 +236,14 @@ def build_stages(
     sample: Any,
     local: list[int],
     device: torch.device,
-    group: Any,
+    mesh: Any,
 ) -> tuple[list[Any], list[nn.Module], Any]:
     """This rank's PipelineStages, their modules, and how to pass a batch to stage 0."""
     num_stages = len(cfg["stages"])
+    group = mesh["pp"].get_group()
     if args.split == "torch":  # torch's tracer cuts before each stage's first module
+        if cfg["tp_degree"] > 1 or any(s["sharding"] == "fsdp" for s in cfg["stages"]):
+            raise SystemExit("train_pipeline.py: --split torch takes no tensor parallelism or fsdp")
         kw = isinstance(sample, dict)
         pipe = pipeline(
             model,
@@ -190,23 +256,127 @@ def build_stages(
         for stage, s in zip(built, local, strict=True):  # torch's split returns tensors
             stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
         return built, [pipe.get_stage_module(s) for s in local], None
-    from planner.export.stages import PipeplanStages  # lazy: --split torch needs no pipeplan
-
-    cut = PipeplanStages.build(
-        model, sample, cfg["stage_layers"], split_at=cfg["split_at"], capture=cfg["capture"]
-    )
+    cut = split_model(args, cfg, model, sample, mesh)
+    # Before fully_shard: the earlier stages run whole here (an interleaved rank's own too).
+    example = {s: tuple(v.to(device) for v in cut.example_inputs(s)) for s in local}
     stages = [
         PipelineStage(
-            stage_module(cut.modules[s].to(device), s, cfg),
+            data_parallel(stage_module(cut.modules[s].to(device), s, cfg), s, cfg, mesh),
             s,
             num_stages,
             device,
-            input_args=tuple(v.to(device) for v in cut.example_inputs(s)),
+            input_args=example[s],
             group=group,
         )
         for s in local
     ]
     return stages, [cut.modules[s] for s in local], cut
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the same storage), any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class ZeroOne:
+    """ZeRO-1 over a data-parallel group: each parameter belongs to one replica (largest
+    first, to the replica with the fewest elements so far, as torch's
+    ZeroRedundancyOptimizer partitions), which alone keeps its optimizer state and
+    updates it after the gradients are summed, then broadcasts it to the others."""
+
+    def __init__(self, name: str, params: list[nn.Parameter], lr: float | None, group: Any):
+        self.params, self.group = params, group
+        ranks = dist.get_process_group_ranks(group)
+        load = [0] * len(ranks)
+        self.owners = [0] * len(params)
+        for k in sorted(range(len(params)), key=lambda k: -local_tensor(params[k]).numel()):
+            owner = min(range(len(ranks)), key=load.__getitem__)
+            self.owners[k], load[owner] = ranks[owner], load[owner] + params[k].numel()
+        self.mine = [p for p, o in zip(params, self.owners, strict=True) if o == dist.get_rank()]
+        self.inner = make_optimizer(name, self.mine, lr) if self.mine else None
+
+    def step(self) -> None:
+        if self.inner is not None:
+            self.inner.step()
+        with torch.no_grad():
+            for p, owner in zip(self.params, self.owners, strict=True):
+                dist.broadcast(local_tensor(p), src=owner, group=self.group)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+
+
+class Optimizers:
+    """This rank's optimizers: one over the stages the plan leaves whole or shards with
+    fsdp, ZeRO-1 over those it shards with zero1; and the gradient sum over ``mesh["dp"]``
+    (the plan's ALLREDUCE: fsdp stages reduce-scatter inside torch's backward instead)."""
+
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        args: argparse.Namespace,
+        local: list[int],
+        modules: list[nn.Module],
+        mesh: Any,
+    ):
+        name, lr = args.optimizer or cfg["optimizer"], args.lr or cfg["lr"]
+        by_kind: dict[str, list[nn.Parameter]] = {"none": [], "zero1": [], "fsdp": []}
+        for s, mod in zip(local, modules, strict=True):
+            by_kind[cfg["stages"][s]["sharding"]] += [
+                p for p in mod.parameters() if p.requires_grad
+            ]
+        self.group = mesh["dp"].get_group()
+        self.summed = by_kind["none"] + by_kind["zero1"] if cfg["dp_degree"] > 1 else []
+        self.params = by_kind["none"] + by_kind["fsdp"] + by_kind["zero1"]
+        whole = by_kind["none"] + by_kind["fsdp"]
+        self.parts: list[Any] = [make_optimizer(name, whole, lr)] if whole else []
+        self.stateful = list(whole)  # the parameters whose optimizer state this rank keeps
+        if by_kind["zero1"]:
+            zero = ZeroOne(name, by_kind["zero1"], lr, self.group)
+            self.parts.append(zero)
+            self.stateful += zero.mine
+
+    def held(self) -> str:
+        """What this rank holds: its parameters' local elements of their whole, and the
+        elements whose optimizer state it keeps."""
+        local = sum(local_tensor(p).numel() for p in self.params)
+        whole = sum(p.numel() for p in self.params)
+        state = sum(local_tensor(p).numel() for p in self.stateful)
+        return f"holds {local} of {whole} parameter elements, optimizer state for {state}"
+
+    def step(self) -> None:
+        for p in self.summed:  # sum, since the loss is already divided by m
+            if p.grad is not None:
+                dist.all_reduce(local_tensor(p.grad), group=self.group)
+        for part in self.parts:
+            part.step()
+        for part in self.parts:
+            part.zero_grad(set_to_none=False)
+
+
+def full_parameters(
+    model: nn.Module, modules: list[nn.Module], cut: Any
+) -> dict[str, torch.Tensor]:
+    """Every parameter of this rank's stages, whole (a DTensor's ``full_tensor()``: every
+    rank of its mesh takes part), by its name in the model."""
+    from torch.distributed.tensor import DTensor
+
+    named = (
+        model.named_parameters()
+        if cut is not None
+        else ((n, p) for mod in modules for n, p in mod.named_parameters())
+    )  # torch's split keeps the model's parameter names
+    names = {id(p): n for n, p in named}
+    out = {}
+    for mod in modules:
+        for p in mod.parameters():
+            whole = p.full_tensor() if isinstance(p, DTensor) else p
+            out[names[id(p)]] = whole.detach().cpu()
+    return out
 
 
 def main() -> None:
@@ -227,9 +397,10 @@ def main() -> None:
     args = ap.parse_args()
     cfg = json.loads((HERE / "pipeline.json").read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    pp, dp = cfg["pp_degree"], cfg["dp_degree"]
-    assert world == pp * dp, f"start {pp * dp} processes (pipeline {pp} x data-parallel {dp})"
-    replica, pp_rank = divmod(rank, pp)
+    pp, dp, tp = cfg["mesh"]["shape"]
+    assert world == pp * dp * tp, f"start {pp * dp * tp} processes (pp {pp} x dp {dp} x tp {tp})"
+    coords = cfg["mesh"]["ranks"][rank]
+    replica, pp_rank, member = coords["dp"], coords["pp"], coords["tp"]
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
@@ -237,17 +408,19 @@ def main() -> None:
         device = torch.device("cpu")
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
-    pp_groups = [dist.new_group(list(range(j * pp, (j + 1) * pp))) for j in range(dp)]
-    dp_groups = [dist.new_group([j * pp + r for j in range(dp)]) for r in range(pp)]
+    mesh = init_device_mesh(
+        device.type, (pp, dp, tp), mesh_dim_names=tuple(cfg["mesh"]["dim_names"])
+    )
+    assert list(mesh.get_coordinate() or ()) == [pp_rank, replica, member], "pipeline.json's mesh"
 
     user = load_module(args.model or cfg["model"])
     torch.manual_seed(0)  # pipeplan's seed: the same initial weights on every rank
     model = user.build_model().to(device)
     model.train()
     mbs, m, m_local = cfg["microbatch_size"], cfg["num_microbatches"], cfg["microbatches_local"]
-    sample = as_inputs(user.sample_batch(mbs)[0])
+    sample = on_device(as_inputs(user.sample_batch(mbs)[0]), device)
     local = [s for s, r in enumerate(cfg["stage_to_rank"]) if r == pp_rank]
-    stages, modules, cut = build_stages(args, cfg, model, sample, local, device, pp_groups[replica])
+    stages, modules, cut = build_stages(args, cfg, model, sample, local, device, mesh)
     user_loss = getattr(user, "loss_fn", None) or default_loss
     if wants_whole_output(user_loss):  # the last stage gives torch its .logits (Logits)
         raise SystemExit("train_pipeline.py: loss_fn takes the whole ModelOutput; give it logits")
@@ -261,8 +434,8 @@ def main() -> None:
         schedule._load_csv(str(HERE / cfg["schedule_csv"][replica]), format="compute_comms")
     else:
         schedule._load_csv(str(HERE / cfg["schedule_compute_csv"][replica]))
-    params = [p for mod in modules for p in mod.parameters() if p.requires_grad]
-    optimizer = make_optimizer(args.optimizer or cfg["optimizer"], params, args.lr or cfg["lr"])
+    optimizer = Optimizers(cfg, args, local, modules, mesh)
+    print(f"rank {rank} (pp {pp_rank}, dp {replica}, tp {member}): {optimizer.held()}", flush=True)
     first, last = 0 in local, len(cfg["stages"]) - 1 in local
     mine = [k for k in range(m) if k % dp == replica]  # this replica's microbatches
     for step in range(args.steps):
@@ -278,24 +451,17 @@ def main() -> None:
         extra: dict[str, Any] = {"target": take(targets, mine, mbs).to(device)} if last else {}
         pos = [v.to(device) for v in x] if first else []
         schedule.step(*pos, **{k: v.to(device) for k, v in kwargs.items()}, **extra, losses=losses)
-        if dp > 1:  # the plan's ALLREDUCE: sum, since the loss is already divided by m
-            for p in params:
-                dist.all_reduce(p.grad, group=dp_groups[pp_rank])
         optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
         if last:
             loss = torch.stack(losses).sum().detach()
             if dp > 1:
-                dist.all_reduce(loss, group=dp_groups[pp_rank])
-            if replica == 0:
+                dist.all_reduce(loss, group=mesh["dp"].get_group())
+            if replica == 0 and member == 0:
                 print(f"step {step}: loss {loss.item():.9g}", flush=True)
-    if args.save_params and replica == 0:
-        names = {id(p): n for n, p in model.named_parameters()}
-        if cut is None:  # torch's split keeps the model's parameter names
-            names = {id(p): n for mod in modules for n, p in mod.named_parameters()}
-        torch.save(
-            {names[id(p)]: p.detach().cpu() for p in params}, f"{args.save_params}.rank{rank}.pt"
-        )
+    if args.save_params:
+        params = full_parameters(model, modules, cut)  # collectives: every rank takes part
+        if replica == 0 and member == 0:
+            torch.save(params, f"{args.save_params}.rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
