@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
@@ -190,7 +190,23 @@ def _tuned_row(best: PeerBest, samples: int) -> Baseline:
         recompute=c.recompute,
         configurations=best.configurations,
         simulations=best.simulations,
+        extra=_parallelism(c.shape),
     )
+
+
+def _parallelism(shape: PlanShape) -> dict[str, Any]:
+    """A tuned peer's tensor parallelism, sequence parallelism and sharding, for its row
+    (nothing for a peer without them, so such rows are what they were)."""
+    st = shape.stages[0]
+    out: dict[str, Any] = {}
+    if st.tensor_parallel > 1:
+        out["tensor_parallel"] = st.tensor_parallel
+    if st.sequence_parallel:
+        out["sequence_parallel"] = True
+    shardings = sorted({s.sharding for s in shape.stages} - {"none"})
+    if shardings:
+        out["sharding"] = "/".join(shardings)
+    return out
 
 
 def peer_rows(peers: PeerReport | None, samples: int) -> list[Baseline]:
