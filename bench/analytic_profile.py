@@ -113,8 +113,8 @@ def speed_405b(sizes: str, folder: Path, layers: int = 126) -> dict[str, Any]:
         "print(json.dumps({'layers': p.num_layers, "
         "'parameters': sum(l.param_count for l in p.layers), "
         "'forward_tflop': sum(t.forward_flops or 0 for t in m.layers) / 1e12, "
-        "'counted': p.meta['analytic']['layers_counted'], "
-        "'from_twins': p.meta['analytic']['layers_from_twins']}))\n"
+        "'counted': p.settings.analytic.layers_counted, "
+        "'from_twins': p.settings.analytic.layers_from_twins}))\n"
     )
     got = _timed([sys.executable, "-c", code], env={"OMP_NUM_THREADS": "1"})
     facts = json.loads(got.pop("stdout").strip().splitlines()[-1])

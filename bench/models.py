@@ -152,7 +152,7 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
         rows.append(
             {
                 "model": name,
-                "capture": profile.meta.get("capture"),
+                "capture": profile.settings.capture,
                 "layers": profile.num_layers,
                 "tied": ", ".join(tied) or "-",
                 "profile_s": round(profile_s, 1),

@@ -168,7 +168,7 @@ def balance_by_time_rows(stage_counts: list[int]) -> list[dict[str, Any]]:
     costs = layer_ms(profile)
     # The same settings as the profile it is scored on: its thread count (the profiler pins
     # one thread) and its smallest microbatch size, which layer_ms reads.
-    threads = int(profile.meta.get("threads", 1))
+    threads = profile.settings.threads or 1
     batch = min(m.microbatch_size for m in profile.measurements)
     rows = []
     old_threads = torch.get_num_threads()

@@ -169,8 +169,8 @@ def main() -> None:
             "cpu_count": os.cpu_count(),
             "load_average_at_start": load,
         },
-        "torch_threads": profiles[0].meta.get("threads"),
-        "clock": profiles[0].meta.get("clock"),
+        "torch_threads": profiles[0].settings.threads,
+        "clock": profiles[0].settings.clock,
         "wall_seconds": [round(s, 2) for s in seconds],
         "machine_reference_ms": {
             "what": "median thread ms of a 256x1024 @ 1024x512 matmul, 1 thread",

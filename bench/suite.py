@@ -134,7 +134,7 @@ class Outcome:
 
 # Order: cheapest first, so a quick run that fails, fails early.
 REGISTRY: tuple[Benchmark, ...] = (
-    Benchmark("topology_table", "topology_table.py", "Topology: all-pairs route table"),
+    Benchmark("topology_table", "topology_table.py", "Topology: load and routes on demand"),
     Benchmark(
         "solver_scaling",
         "solver_scaling.py",

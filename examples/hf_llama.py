@@ -7,11 +7,21 @@ and the causal mask are computed once, before the first decoder layer, and read 
 layer: they cross each cut as carried values, counted in the bytes that cross it. The
 sample batch passes keyword inputs, an attention mask among them.
 
+Tensor parallelism: transformers declares Llama's plan (``base_model_tp_plan``: the
+attention's query, key and value projections and the MLP's gate and up projections split
+by columns, the output and down projections by rows; the embedding by vocabulary, the head
+by columns with its logits gathered), and pipeplan uses it as it is. transformers has no
+sequence-parallel form of it, so ``tp_plan(sequence_parallel=True)`` below gives one (the
+layout torchtitan uses for its Llama: norms on a part of the sequence, the attention and
+MLP inputs gathered once each, the row-split outputs reduce-scattered); without sequence
+parallelism it returns None, which leaves the model's own plan in force.
+
 Needs transformers: ``pip install -e '.[hf]'`` in a pipeplan checkout.
 
 Example::
 
     $ pipeplan profile examples/hf_llama.py -b 1,2
+    $ pipeplan profile examples/hf_llama.py -b 1,2 --tensor-parallel 2 --sequence-parallel
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["build_model", "sample_batch"]
+__all__ = ["build_model", "sample_batch", "tp_plan"]
 
 VOCAB = 1024
 SEQ_LEN = 64
@@ -55,3 +65,40 @@ def sample_batch(batch_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor
     return {"input_ids": tokens[:, :-1].contiguous(), "attention_mask": mask}, tokens[
         :, 1:
     ].contiguous()
+
+
+def tp_plan(sequence_parallel: bool = False) -> dict[str, object] | None:
+    """None (transformers' own plan) without sequence parallelism; with it, that plan's
+    sequence-parallel form in torch's styles (see the module docstring)."""
+    if not sequence_parallel:
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    sequence, layer = Shard(1), "model.layers.*"
+    return {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence),
+        f"{layer}.input_layernorm": SequenceParallel(use_local_output=True),
+        f"{layer}.self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": sequence},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        ),
+        f"{layer}.self_attn.q_proj": ColwiseParallel(),
+        f"{layer}.self_attn.k_proj": ColwiseParallel(),
+        f"{layer}.self_attn.v_proj": ColwiseParallel(),
+        f"{layer}.self_attn.o_proj": RowwiseParallel(output_layouts=sequence),
+        f"{layer}.post_attention_layernorm": SequenceParallel(use_local_output=True),
+        f"{layer}.mlp": PrepareModuleInput(
+            input_layouts=(sequence,), desired_input_layouts=(Replicate(),)
+        ),
+        f"{layer}.mlp.gate_proj": ColwiseParallel(),
+        f"{layer}.mlp.up_proj": ColwiseParallel(),
+        f"{layer}.mlp.down_proj": RowwiseParallel(output_layouts=sequence),
+        "model.norm": SequenceParallel(use_local_output=True),
+        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=Replicate()),
+    }

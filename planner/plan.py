@@ -10,7 +10,8 @@ solver's facts a :class:`~planner.plan_parts.SolverInfo` and each baseline row a
 here: :func:`validate_stages` is the single check that a partition covers the model's
 layers exactly once on known, distinct devices).
 
-Unknown keys: the plan's prediction, solver, baselines and file references keep keys they
+Every part is read by :mod:`planner.records` (one InputError naming the file and the
+field). Unknown keys: the plan's prediction, solver, baselines and file references keep keys they
 do not know (``extra``: facts a newer solver reports) and write them back; the top level,
 the stages and the schedule, which decide what ``run`` executes, refuse them (an unknown
 key there could change what must run), naming the known ones. Numbers are checked against
@@ -32,7 +33,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 from planner.errors import InputError
 from planner.fileio import atomic_write_json, read_json
@@ -42,8 +43,9 @@ from planner.limits import (
     MAX_LAYERS,
     MAX_MICROBATCH_SIZE,
     MAX_MICROBATCHES,
-    check_int,
+    MAX_TIME_MS,
     check_name,
+    check_number,
 )
 from planner.plan_parts import (
     Baseline,
@@ -52,6 +54,7 @@ from planner.plan_parts import (
     SimulatedRun,
     SolverInfo,
 )
+from planner.records import EMPTY_IS_NONE, Integer, read_record
 from planner.schedule import build_schedule
 from planner.schedule.actions import Schedule
 from planner.schedule.families import FAMILIES, is_interleaved
@@ -92,21 +95,17 @@ _SCHEDULE_KEYS = frozenset(
     {"name", "virtual_stages", "num_stages", "num_microbatches", "flush", "devices"}
     | {"iterations", "meta"}
 )
-_KNOWN = frozenset(
-    {"schema", "profile", "topology", "microbatch_size", "num_microbatches", "stages"}
-    | {"schedule", "predicted", "solver", "baselines"}
-)
 
 
-@dataclass(init=False)
+@dataclass
 class Plan:
-    """A complete plan; mirrors the contract's plan JSON field by field.
+    """A complete plan; mirrors the contract's plan JSON field by field, every part typed
+    (the file form is read by :func:`plan_from_dict` and :meth:`load` only).
 
     ``predicted`` and ``solver`` are None for a plan made by hand without them (written
-    as ``{}``). Each part may also be given in its file form (a dict, as the plan JSON
-    holds it); it is then read with the same checks as a plan file, except that a
-    schedule given as a dict is parsed but validated only by :meth:`load` /
-    :func:`plan_from_dict` (a :class:`Schedule` object is taken as it is).
+    as ``{}``). ``step_ms`` is an optimizer step time the plan was simulated with instead
+    of the profile's (``simulate --step-ms``; written in the schedule's ``meta``, where
+    ``show`` and ``run`` find it).
 
     Example::
 
@@ -120,37 +119,10 @@ class Plan:
     num_microbatches: int
     stages: list[StageSpec]
     schedule: Schedule
-    predicted: Prediction | None
-    solver: SolverInfo | None
-    baselines: list[Baseline]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __init__(
-        self,
-        profile: FileRef | Mapping[str, Any],
-        topology: FileRef | Mapping[str, Any],
-        microbatch_size: int,
-        num_microbatches: int,
-        stages: Sequence[StageSpec],
-        schedule: Schedule | Mapping[str, Any],
-        predicted: Prediction | Mapping[str, Any] | None = None,
-        solver: SolverInfo | Mapping[str, Any] | None = None,
-        baselines: Sequence[Baseline | Mapping[str, Any]] = (),
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.profile = _file_ref(profile, "profile")
-        self.topology = _file_ref(topology, "topology")
-        self.microbatch_size = microbatch_size
-        self.num_microbatches = num_microbatches
-        self.stages = list(stages)
-        self.schedule = schedule if isinstance(schedule, Schedule) else _read_schedule(schedule)
-        self.predicted = _prediction(predicted)
-        self.solver = _solver(solver)
-        self.baselines = [
-            b if isinstance(b, Baseline) else Baseline.from_dict(b, i)
-            for i, b in enumerate(baselines)
-        ]
-        self.extra = dict(extra or {})
+    predicted: Prediction | None = None
+    solver: SolverInfo | None = None
+    baselines: list[Baseline] = field(default_factory=list)
+    step_ms: float | None = None
 
     @property
     def shape(self) -> PlanShape:
@@ -176,6 +148,9 @@ class Plan:
 
             plan.to_dict()["predicted"]["iteration_ms"]
         """
+        schedule = self.schedule.to_dict()
+        if self.step_ms is not None:  # where show and older readers find it
+            schedule["meta"] = {**schedule.get("meta", {}), "step_ms": self.step_ms}
         return {
             "schema": SCHEMA,
             "profile": self.profile.to_dict(),
@@ -183,11 +158,10 @@ class Plan:
             "microbatch_size": self.microbatch_size,
             "num_microbatches": self.num_microbatches,
             "stages": [s.to_dict() for s in self.stages],
-            "schedule": self.schedule.to_dict(),
+            "schedule": schedule,
             "predicted": {} if self.predicted is None else self.predicted.to_dict(),
             "solver": {} if self.solver is None else self.solver.to_dict(),
             "baselines": [b.to_dict() for b in self.baselines],
-            **self.extra,
         }
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -253,11 +227,13 @@ def plan_from_simulation(
     solver: SolverInfo | None = None,
     baselines: Sequence[Baseline] = (),
     global_lower_bound_ms: float | None = None,
+    step_ms: float | None = None,
 ) -> Plan:
     """The plan of a simulated partition, the one constructor of ``solve`` and
     ``simulate -o``: the schedule the simulation timed, its prediction
-    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound) and
-    ``solver`` (default :meth:`SolverInfo.manual`).
+    (:meth:`Prediction.from_result`; ``global_lower_bound_ms``: the solver's bound),
+    ``solver`` (default :meth:`SolverInfo.manual`) and the explicit optimizer step time the
+    simulation was given, if any (``step_ms``).
 
     Example::
 
@@ -275,6 +251,7 @@ def plan_from_simulation(
         predicted=Prediction.from_result(result, global_lower_bound_ms=global_lower_bound_ms),
         solver=solver or SolverInfo.manual(),
         baselines=list(baselines),
+        step_ms=step_ms,
     )
 
 
@@ -287,52 +264,62 @@ def plan_from_dict(data: Any, *, source: str = "<plan>") -> Plan:
         plan = plan_from_dict(json.loads(text), source="plan.json")
     """
 
-    def fail(where: str, message: str) -> Any:
-        raise InputError(message, file=source, field=where)
-
     if not isinstance(data, dict):
-        fail("", "expected a JSON object at the top level")
+        raise InputError("expected a JSON object at the top level", file=source)
     if data.get("schema") != SCHEMA:
-        fail("schema", f"expected {SCHEMA!r}, got {data.get('schema')!r}")
+        raise InputError(
+            f"expected {SCHEMA!r}, got {data.get('schema')!r}", file=source, field="schema"
+        )
     bad = _non_finite(data, "")
     if bad is not None:
-        fail(bad[0], f"expected a finite number, got {bad[1]!r}")
-    unknown = sorted(str(k) for k in data if k not in _KNOWN)
-    if unknown:
-        fail(
-            unknown[0],
-            f"unknown field; expected one of {', '.join(sorted(_KNOWN))} (was the plan "
-            "written by a newer pipeplan?)",
-        )
-    profile = FileRef.from_dict(data.get("profile"), "profile", source=source)
-    topology = FileRef.from_dict(data.get("topology"), "topology", source=source, optional=True)
-    for key, high in (
-        ("microbatch_size", MAX_MICROBATCH_SIZE),
-        ("num_microbatches", MAX_MICROBATCHES),
-    ):
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail(key, f"expected a positive integer, got {value!r}")
-        check_int(value, field=key, high=high, file=source)
-    stages = stages_from_data(data.get("stages"), source=source)
-    schedule = _read_schedule(data.get("schedule"), source=source)
-    baselines = data.get("baselines", [])
-    if not isinstance(baselines, list):
-        fail("baselines", "expected a list of {name, iteration_ms, feasible} objects")
+        raise InputError(f"expected a finite number, got {bad[1]!r}", file=source, field=bad[0])
+    top = read_record(_PlanFile, data, file=source, ignore=("schema",))
+    if top.profile.path is None:
+        raise InputError("missing; expected a string", file=source, field="profile.path")
+    schedule = _read_schedule(top.schedule, source=source)
     plan = Plan(
-        profile=profile,
-        topology=topology,
-        microbatch_size=data["microbatch_size"],
-        num_microbatches=data["num_microbatches"],
-        stages=stages,
+        profile=top.profile,
+        topology=top.topology,
+        microbatch_size=top.microbatch_size,
+        num_microbatches=top.num_microbatches,
+        stages=stages_from_data(top.stages, source=source),
         schedule=schedule,
-        predicted=_prediction(data.get("predicted"), source=source),
-        solver=_solver(data.get("solver"), source=source),
-        baselines=[Baseline.from_dict(b, i, source=source) for i, b in enumerate(baselines)],
+        predicted=top.predicted,
+        solver=top.solver,
+        baselines=top.baselines,
+        step_ms=_step_ms(schedule, source),
     )
     plan.validate(source=source)
     check_schedule_name(plan.schedule, plan.stages, source=source)
     return plan
+
+
+@dataclass
+class _PlanFile:
+    """The top level of a plan file (beside ``schema``); the stages and the schedule are
+    read by their own readers (:func:`~planner.stages.stages_from_data`,
+    :func:`_read_schedule`), which say what they expect where they are missing."""
+
+    UNKNOWN_HINT: ClassVar[str] = "was the plan written by a newer pipeplan?"
+
+    profile: FileRef
+    topology: FileRef
+    microbatch_size: Annotated[int, Integer(1, MAX_MICROBATCH_SIZE)]
+    num_microbatches: Annotated[int, Integer(1, MAX_MICROBATCHES)]
+    stages: Any = None
+    schedule: Any = None
+    predicted: Annotated[Prediction | None, EMPTY_IS_NONE] = None
+    solver: Annotated[SolverInfo | None, EMPTY_IS_NONE] = None
+    baselines: list[Baseline] = field(default_factory=list)
+
+
+def _step_ms(schedule: Schedule, source: str) -> float | None:
+    """The schedule's ``meta.step_ms`` (``simulate --step-ms``), taken out of its meta."""
+    value = schedule.meta.pop("step_ms", None)
+    if value is None:
+        return None
+    check_number(value, field="schedule.meta.step_ms", high=MAX_TIME_MS, file=source)
+    return float(value) if isinstance(value, float) else int(value)  # as written
 
 
 def _read_schedule(raw: Any, *, source: str = "<plan>") -> Schedule:
@@ -456,34 +443,6 @@ def _same_lists(a: Schedule, b: Schedule) -> bool:
     return {d: [str(x) for x in acts] for d, acts in a.devices.items()} == {
         d: [str(x) for x in acts] for d, acts in b.devices.items()
     }
-
-
-def _file_ref(ref: FileRef | Mapping[str, Any], key: str) -> FileRef:
-    if isinstance(ref, FileRef):
-        return ref
-    return FileRef.from_dict(ref, key, optional=key == "topology")
-
-
-def _prediction(
-    raw: Prediction | Mapping[str, Any] | None, *, source: str = "<plan>"
-) -> Prediction | None:
-    """None for a plan without a prediction (absent or ``{}``)."""
-    if raw is None or isinstance(raw, Prediction):
-        return raw
-    if isinstance(raw, Mapping) and not raw:
-        return None
-    return Prediction.from_dict(raw, source=source)
-
-
-def _solver(
-    raw: SolverInfo | Mapping[str, Any] | None, *, source: str = "<plan>"
-) -> SolverInfo | None:
-    """None for a plan without solver facts (absent or ``{}``)."""
-    if raw is None or isinstance(raw, SolverInfo):
-        return raw
-    if isinstance(raw, Mapping) and not raw:
-        return None
-    return SolverInfo.from_dict(raw, source=source)
 
 
 def _non_finite(obj: Any, where: str) -> tuple[str, float] | None:

@@ -51,7 +51,7 @@ class PlanInputs:
     topology: Topology | None
     topology_path: Path | None
     schedule: Schedule  # the plan's per-device op order (validated when it was read)
-    step_ms: float | None  # an explicit ``simulate --step-ms`` kept in the schedule's meta
+    step_ms: float | None  # an explicit ``simulate --step-ms`` (the plan's step_ms)
 
 
 def find_file(ref: FileRef, plan_path: str | Path | None, key: str = "profile") -> Path | None:
@@ -162,7 +162,7 @@ def plan_inputs(
     got.topology_path = locate(plan.topology, "topology", plan_path) if topology else None
     if got.topology_path is not None:
         got.topology = load_topology(got.topology_path)
-    got.step_ms = plan.schedule.meta.get("step_ms")
+    got.step_ms = plan.step_ms
     return got
 
 

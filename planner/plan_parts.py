@@ -1,10 +1,11 @@
 """The typed parts of a plan file: file references, the prediction, the solver's facts.
 
-Each part mirrors one object of the ``pipeplan.plan/v1`` JSON (docs/api.md): ``from_dict``
-reads it (an :class:`~planner.errors.InputError` names the file and the field at fault)
-and ``to_dict`` writes the same keys in the same order. Keys a part does not know (written
-by a newer pipeplan, or added by hand) are kept in its ``extra`` and written back, so a plan
-read and saved again loses nothing; a missing optional field is None and is not written.
+Each part mirrors one object of the ``pipeplan.plan/v1`` JSON (docs/api.md): it is a record
+(:func:`planner.records.read_record` reads it, an :class:`~planner.errors.InputError` naming
+the file and the field at fault) and ``to_dict`` writes the same keys in the same order.
+Keys a part does not know (written by a newer pipeplan, or added by hand) are kept in its
+``extra`` and written back, so a plan read and saved again loses nothing; a missing optional
+field is None and is not written.
 
 One rule for every writer (``solve`` and ``simulate -o``): :meth:`Prediction.from_result`
 turns a simulation into the plan's prediction, with the simulator's numbers exactly as
@@ -16,6 +17,7 @@ Example::
     pred = Prediction.from_result(result)                 # result: planner.simulate.SimResult
     pred.iteration_ms, pred.memory_bytes["gpu0"]
     SolverInfo.manual().to_dict()       # {'method': 'manual', 'status': 'given', ...}
+    read_record(Prediction, data["predicted"], file="plan.json", field="predicted")
 """
 
 from __future__ import annotations
@@ -23,17 +25,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Annotated, Any, Protocol
 
-from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.records import Default, Integer
 
 __all__ = [
     "Baseline",
-    "FieldReader",
     "FileRef",
     "IlpInfo",
     "Prediction",
@@ -43,124 +44,9 @@ __all__ = [
     "path_for_plan",
 ]
 
-
-# Each part below reads and writes its own fields through FieldReader, one call per field:
-# their to_dict / from_dict look alike in shape (duplicates pairs them), not in fields.
-class FieldReader:
-    """Reads the fields of one decoded JSON object; every problem is one InputError that
-    names the file and the dotted field. Keys never asked for are :meth:`rest`.
-
-    Example::
-
-        read = FieldReader(data["predicted"], "predicted", source="plan.json")
-        read.number("iteration_ms"), read.rest()
-    """
-
-    def __init__(self, data: Any, where: str, *, source: str) -> None:
-        self.where, self.source = where, source
-        if not isinstance(data, Mapping):
-            self.fail("", f"expected an object, got {data!r}")
-        self.data: Mapping[str, Any] = data
-        self.used: set[str] = set()
-
-    def fail(self, key: str, message: str) -> NoReturn:
-        where = f"{self.where}.{key}" if key and self.where else key or self.where
-        raise InputError(message, file=self.source, field=where)
-
-    def _read(self, key: str, expected: str, ok: Callable[[Any], bool], *, required: bool) -> Any:
-        """The value of ``key`` if ``ok(value)``; None when absent (or null) and not
-        ``required``; else one InputError saying what was ``expected``."""
-        self.used.add(key)
-        value = self.data.get(key)
-        if value is None and not required:
-            return None
-        if key not in self.data:
-            self.fail(key, f"missing; expected {expected}")
-        if not ok(value):
-            self.fail(key, f"expected {expected}, got {value!r}")
-        return value
-
-    def string(self, key: str) -> str:
-        return str(self._read(key, "a string", _is_string, required=True))
-
-    def opt_string(self, key: str) -> str | None:
-        return self._read(key, "a string", _is_string, required=False)
-
-    def number(self, key: str) -> float:
-        return self._read(key, "a number", _is_number, required=True)
-
-    def opt_number(self, key: str) -> float | None:
-        return self._read(key, "a number", _is_number, required=False)
-
-    def nullable_number(self, key: str) -> float | None:
-        """A number or null; the key itself is required."""
-        if key not in self.data:
-            self.fail(key, "missing; expected a number (or null)")
-        return self.opt_number(key)
-
-    def integer(self, key: str, *, minimum: int = 0) -> int:
-        return int(self._read(key, f"an integer >= {minimum}", _at_least(minimum), required=True))
-
-    def opt_integer(self, key: str, *, minimum: int = 0) -> int | None:
-        return self._read(key, f"an integer >= {minimum}", _at_least(minimum), required=False)
-
-    def boolean(self, key: str) -> bool:
-        return bool(self._read(key, "true or false", _is_bool, required=True))
-
-    def opt_boolean(self, key: str) -> bool | None:
-        return self._read(key, "true or false", _is_bool, required=False)
-
-    def bytes_map(self, key: str) -> dict[str, int]:
-        """``{device: bytes}`` with integer byte counts."""
-        ok = _map_of(_at_least(0))
-        return dict(self._read(key, "{device: bytes} with integers >= 0", ok, required=True))
-
-    def opt_ms_map(self, key: str) -> dict[str, float] | None:
-        """``{device: milliseconds}``, or None when absent."""
-        value = self._read(key, "{device: milliseconds}", _map_of(_is_number), required=False)
-        return None if value is None else dict(value)
-
-    def opt_numbers(self, key: str) -> list[float] | None:
-        value = self._read(key, "a list of numbers", _list_of(_is_number), required=False)
-        return None if value is None else list(value)
-
-    def opt_integers(self, key: str) -> list[int] | None:
-        value = self._read(key, "a list of integers", _list_of(_is_integer), required=False)
-        return None if value is None else list(value)
-
-    def rest(self) -> dict[str, Any]:
-        """The keys not read, as they are (kept and written back)."""
-        return {k: v for k, v in self.data.items() if k not in self.used}
-
-
-def _is_string(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _at_least(minimum: int) -> Callable[[Any], bool]:
-    return lambda value: _is_integer(value) and value >= minimum
-
-
-def _map_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: (
-        isinstance(value, Mapping) and all(isinstance(k, str) and ok(v) for k, v in value.items())
-    )
-
-
-def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, list) and all(ok(v) for v in value)
+# Counts a plan part holds: at least one, or at least zero.
+_Positive = Annotated[int, Integer(1)]
+_Count = Annotated[int, Integer(0)]
 
 
 def _without_none(pairs: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,7 +86,7 @@ class FileRef:
         FileRef.of_file("profiles/gpt.json").sha256[:12]
     """
 
-    path: str | None
+    path: Annotated[str | None, Default(None)]
     sha256: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -240,24 +126,6 @@ class FileRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "sha256": self.sha256, **self.extra}
-
-    @classmethod
-    def from_dict(
-        cls, data: Any, where: str, *, source: str = "<plan>", optional: bool = False
-    ) -> FileRef:
-        """Read ``{"path": ..., "sha256": ...}``; ``optional``: the path may be null.
-
-        Example::
-
-            FileRef.from_dict({"path": "p.json", "sha256": "ab12..."}, "profile")
-        """
-        if not isinstance(data, Mapping):
-            raise InputError(
-                'expected an object {"path": ..., "sha256": ...}', file=source, field=where
-            )
-        read = FieldReader(data, where, source=source)
-        path = read.opt_string("path") if optional else read.string("path")
-        return cls(path, read.opt_string("sha256"), read.rest())
 
 
 # --------------------------------------------------------------------------- prediction
@@ -305,8 +173,8 @@ class Prediction:
     samples_per_s: float
     bubble_fraction: float
     lower_bound_ms: float
-    memory_bytes: dict[str, int]
-    memory_limit_bytes: dict[str, int]
+    memory_bytes: dict[str, _Count]
+    memory_limit_bytes: dict[str, _Count]
     busy_ms: dict[str, float] | None = None
     staleness: list[int] | None = None
     step_ms: list[float] | None = None
@@ -378,30 +246,6 @@ class Prediction:
         }
         return {**out, **_without_none(optional), **self.extra}
 
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<plan>") -> Prediction:
-        """Read a plan's ``predicted`` object (the contract's six fields are required).
-
-        Example::
-
-            Prediction.from_dict(json.load(open("plan.json"))["predicted"])
-        """
-        read = FieldReader(data, "predicted", source=source)
-        return cls(
-            iteration_ms=read.number("iteration_ms"),
-            samples_per_s=read.number("samples_per_s"),
-            bubble_fraction=read.number("bubble_fraction"),
-            lower_bound_ms=read.number("lower_bound_ms"),
-            memory_bytes=read.bytes_map("memory_bytes"),
-            memory_limit_bytes=read.bytes_map("memory_limit_bytes"),
-            busy_ms=read.opt_ms_map("busy_ms"),
-            staleness=read.opt_integers("staleness"),
-            step_ms=read.opt_numbers("step_ms"),
-            global_lower_bound_ms=read.opt_number("global_lower_bound_ms"),
-            plan_lower_bound_ms=read.opt_number("plan_lower_bound_ms"),
-            extra=read.rest(),
-        )
-
 
 # ------------------------------------------------------------------------------- solver
 
@@ -415,7 +259,7 @@ class IlpInfo:
     seconds: float
     objective_ms: float | None
     bound_ms: float | None
-    num_stages: int
+    num_stages: _Positive
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -429,19 +273,6 @@ class IlpInfo:
             **self.extra,
         }
 
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<plan>") -> IlpInfo:
-        read = FieldReader(data, "solver.ilp", source=source)
-        return cls(
-            status=read.string("status"),
-            gap=read.nullable_number("gap"),
-            seconds=read.number("seconds"),
-            objective_ms=read.nullable_number("objective_ms"),
-            bound_ms=read.nullable_number("bound_ms"),
-            num_stages=read.integer("num_stages", minimum=1),
-            extra=read.rest(),
-        )
-
 
 @dataclass(frozen=True)
 class WithoutPeers:
@@ -449,8 +280,8 @@ class WithoutPeers:
     scaled to the plan's samples per iteration."""
 
     iteration_ms: float
-    microbatch_size: int
-    num_microbatches: int
+    microbatch_size: _Positive
+    num_microbatches: _Positive
     schedule: str
     stages: list[tuple[tuple[int, int], tuple[str, ...]]]
     origin: str
@@ -466,40 +297,6 @@ class WithoutPeers:
             "origin": self.origin,
             **self.extra,
         }
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<plan>") -> WithoutPeers:
-        read = FieldReader(data, "solver.without_peers", source=source)
-        read.used.add("stages")
-        stages = _stage_pairs(read.data.get("stages"))
-        if stages is None:
-            read.fail("stages", "expected [[[first, last], [device, ...]], ...]")
-        return cls(
-            iteration_ms=read.number("iteration_ms"),
-            microbatch_size=read.integer("microbatch_size", minimum=1),
-            num_microbatches=read.integer("num_microbatches", minimum=1),
-            schedule=read.string("schedule"),
-            stages=stages,
-            origin=read.string("origin"),
-            extra=read.rest(),
-        )
-
-
-def _stage_pairs(raw: Any) -> list[tuple[tuple[int, int], tuple[str, ...]]] | None:
-    """``[[[first, last], [device, ...]], ...]`` as tuples; None when it is not that."""
-    if not isinstance(raw, list):
-        return None
-    out = []
-    for item in raw:
-        if not (isinstance(item, list) and len(item) == 2):
-            return None
-        layers, devices = item
-        if not (isinstance(layers, list) and len(layers) == 2 and all(map(_is_integer, layers))):
-            return None
-        if not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
-            return None
-        out.append(((layers[0], layers[1]), tuple(devices)))
-    return out
 
 
 @dataclass
@@ -519,7 +316,7 @@ class SolverInfo:
     status: str
     seconds: float
     gap: float | None
-    simulations: int | None = None
+    simulations: _Count | None = None
     ilp: IlpInfo | None = None
     without_peers: WithoutPeers | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -549,30 +346,6 @@ class SolverInfo:
             out["without_peers"] = self.without_peers.to_dict()
         return {**out, **self.extra}
 
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "<plan>") -> SolverInfo:
-        """Read a plan's ``solver`` object (``method``, ``status``, ``seconds`` and
-        ``gap`` are required).
-
-        Example::
-
-            SolverInfo.from_dict({"method": "manual", "status": "given", "seconds": 0.0,
-                                  "gap": None})
-        """
-        read = FieldReader(data, "solver", source=source)
-        read.used.update({"ilp", "without_peers"})
-        ilp, alone = read.data.get("ilp"), read.data.get("without_peers")
-        return cls(
-            method=read.string("method"),
-            status=read.string("status"),
-            seconds=read.number("seconds"),
-            gap=read.nullable_number("gap"),
-            simulations=read.opt_integer("simulations"),
-            ilp=None if ilp is None else IlpInfo.from_dict(ilp, source=source),
-            without_peers=None if alone is None else WithoutPeers.from_dict(alone, source=source),
-            extra=read.rest(),
-        )
-
 
 # ---------------------------------------------------------------------------- baselines
 
@@ -599,15 +372,15 @@ class Baseline:
     reason: str | None = None
     configuration: str | None = None
     partition: str | None = None
-    depth: int | None = None
-    data_parallel: int | None = None
-    microbatch_size: int | None = None
-    num_microbatches: int | None = None
+    depth: _Positive | None = None
+    data_parallel: _Positive | None = None
+    microbatch_size: _Positive | None = None
+    num_microbatches: _Positive | None = None
     schedule: str | None = None
-    virtual_stages: int | None = None
+    virtual_stages: _Positive | None = None
     recompute: bool | None = None
-    configurations: int | None = None
-    simulations: int | None = None
+    configurations: _Count | None = None
+    simulations: _Count | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -635,32 +408,3 @@ class Baseline:
             "simulations": self.simulations,
         }
         return {**out, **_without_none(optional), **self.extra}
-
-    @classmethod
-    def from_dict(cls, data: Any, index: int, *, source: str = "<plan>") -> Baseline:
-        """Read ``baselines[index]`` (``name``, ``iteration_ms``, ``feasible`` required).
-
-        Example::
-
-            Baseline.from_dict({"name": "uniform", "iteration_ms": 9.5, "feasible": True}, 0)
-        """
-        read = FieldReader(data, f"baselines[{index}]", source=source)
-        return cls(
-            name=read.string("name"),
-            iteration_ms=read.nullable_number("iteration_ms"),
-            feasible=read.boolean("feasible"),
-            kind=read.opt_string("kind"),
-            reason=read.opt_string("reason"),
-            configuration=read.opt_string("configuration"),
-            partition=read.opt_string("partition"),
-            depth=read.opt_integer("depth", minimum=1),
-            data_parallel=read.opt_integer("data_parallel", minimum=1),
-            microbatch_size=read.opt_integer("microbatch_size", minimum=1),
-            num_microbatches=read.opt_integer("num_microbatches", minimum=1),
-            schedule=read.opt_string("schedule"),
-            virtual_stages=read.opt_integer("virtual_stages", minimum=1),
-            recompute=read.opt_boolean("recompute"),
-            configurations=read.opt_integer("configurations"),
-            simulations=read.opt_integer("simulations"),
-            extra=read.rest(),
-        )

@@ -22,7 +22,7 @@ from planner.errors import InputError
 from planner.gpus import Efficiency, gpu_spec
 from planner.optimizers import STATE_FACTORS
 from planner.profile import load_model_file, load_profile, profile_model
-from planner.profile.analytic import STEP_TRAFFIC, analytic_info, analytic_profile
+from planner.profile.analytic import STEP_TRAFFIC, analytic_profile
 from planner.profile.fake_model import build_fake, fake_batch, fake_mode
 from planner.profile.roofline import OpCost, OpCounter, Roofline, op_bytes
 from planner.profile.split import capture_model, tensor_bytes
@@ -94,7 +94,7 @@ def test_same_layers_names_split_points_and_carried_values_as_measured(example: 
     real = capture_model(model, inputs, source=path)
     assert [layer.name for layer in profile.layers] == real.names
     assert profile.meta["split_points"] == real.split_points
-    assert profile.meta["capture"] == real.capture
+    assert profile.settings.capture == real.capture
     # Carried values: the same names cross every cut, with the same bytes.
     mode = fake_mode()
     fake_inputs, _ = fake_batch(user, 2, mode)
@@ -164,7 +164,8 @@ def test_gpt_flops_are_megatrons_closed_form(
     total = sum(t.forward_flops + t.backward_input_flops + t.backward_weight_flops for t in m)
     assert total == 3 * (layers * block + head)
     # Counted: the embedding, the first block, the last (it hands on no mask) and the head.
-    assert profile.meta["analytic"]["layers_counted"] == 4
+    assert profile.settings.analytic is not None
+    assert profile.settings.analytic.layers_counted == 4
 
 
 @pytest.mark.parametrize(
@@ -225,8 +226,9 @@ def test_twins_give_exactly_what_counting_every_layer_gives(example: str) -> Non
     fast = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16")
     slow = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16", twins=False)
     assert [m.to_dict() for m in fast.measurements] == [m.to_dict() for m in slow.measurements]
-    assert fast.meta["analytic"]["layers_from_twins"] > 0
-    assert slow.meta["analytic"]["layers_from_twins"] == 0
+    assert fast.settings.analytic is not None and slow.settings.analytic is not None
+    assert (fast.settings.analytic.layers_from_twins or 0) > 0
+    assert slow.settings.analytic.layers_from_twins == 0
 
 
 def test_one_capture_for_all_sizes_gives_what_one_capture_per_size_gives() -> None:
@@ -234,10 +236,11 @@ def test_one_capture_for_all_sizes_gives_what_one_capture_per_size_gives() -> No
     path = EXAMPLES / "hf_llama.py"
     once = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16")
     each = analytic_profile(path, [1, 3], gpu="h100-sxm", precision="bf16", dynamic_batch=False)
-    assert once.meta["analytic"]["one_capture_for_all_sizes"] is True
-    assert each.meta["analytic"]["one_capture_for_all_sizes"] is False
+    assert once.settings.analytic is not None and each.settings.analytic is not None
+    assert once.settings.analytic.one_capture_for_all_sizes is True
+    assert each.settings.analytic.one_capture_for_all_sizes is False
     assert [m.to_dict() for m in once.measurements] == [m.to_dict() for m in each.measurements]
-    assert once.meta["capture"] == each.meta["capture"] == "export"
+    assert once.settings.capture == each.settings.capture == "export"
     assert [layer.name for layer in once.layers] == [layer.name for layer in each.layers]
 
 
@@ -382,10 +385,10 @@ def test_bytes_moved_by_views_elementwise_ops_and_lookups() -> None:
 
 def test_the_profile_says_it_is_analytic_and_round_trips(tmp_path: Path) -> None:
     profile = analytic_profile(EXAMPLES / "gpt.py", [1, 2], gpu="h200", efficiency="matmul=0.6")
-    info = analytic_info(profile)
+    info = profile.settings.analytic
     assert info is not None
-    assert info["gpu"]["name"] == "h200" and "H200" in info["gpu"]["source"]
-    assert info["efficiency"] == {"matmul": 0.6, "attention": 0.5, "memory": 0.8}
+    assert info.gpu.name == "h200" and "H200" in info.gpu.source
+    assert info.efficiency.to_dict() == {"matmul": 0.6, "attention": 0.5, "memory": 0.8}
     assert profile.device == "cuda"
     path = tmp_path / "gpt-h200.json"
     profile.save(path)
@@ -394,16 +397,17 @@ def test_the_profile_says_it_is_analytic_and_round_trips(tmp_path: Path) -> None
     flops = profile.measurement(2).layers[1].forward_flops
     assert flops and again.measurement(2).layers[1].forward_flops == flops
     measured = load_profile(ROOT / "profiles" / "gpt.json")
-    assert analytic_info(measured) is None
+    assert measured.settings.analytic is None
     assert "forward_flops" not in json.dumps(measured.to_dict())
 
 
 def test_the_cpu_entry_records_the_peaks_it_measured() -> None:
     profile = analytic_profile(EXAMPLES / "gpt.py", [1], gpu="cpu", precision="bf16")
-    gpu = analytic_info(profile)["gpu"]  # type: ignore[index]
-    assert set(gpu["peak_flops_per_s"]) == {"fp32", "bf16"}
-    assert all(v > 1e8 for v in gpu["peak_flops_per_s"].values())
-    assert gpu["memory_bytes_per_s"] > 1e8
+    assert profile.settings.analytic is not None
+    gpu = profile.settings.analytic.gpu
+    assert set(gpu.peak_flops_per_s) == {"fp32", "bf16"}
+    assert all(v > 1e8 for v in gpu.peak_flops_per_s.values())
+    assert gpu.memory_bytes_per_s > 1e8
     assert profile.device == "cpu"
     assert profile.measurement(1).layers[1].forward_ms > 0
 
@@ -444,7 +448,8 @@ def test_cli_writes_an_analytic_profile(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0, stderr
     assert "analytic for h100-sxm" in stdout and "roofline" in stdout
     profile = load_profile(out)
-    assert analytic_info(profile)["efficiency"]["memory"] == 0.9  # type: ignore[index]
+    assert profile.settings.analytic is not None
+    assert profile.settings.analytic.efficiency.memory == 0.9
     assert profile.precision == "bf16" and profile.microbatch_sizes == [1, 2]
 
 

@@ -3,6 +3,7 @@ take a measured one, and run's report says that the prediction it checks was ana
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from planner.cli import main
 from planner.profile import load_profile
 from planner.profile.analytic import analytic_profile
+from planner.profile.settings import Calibration
 from planner.runtime.report import RunReport, note_prediction_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +57,9 @@ def test_the_report_says_where_the_prediction_came_from(tmp_path: Path) -> None:
     measured = _report()
     note_prediction_source(measured, load_profile(ROOT / "profiles" / "mlp.json"))
     assert measured.prediction_source == "measured" and not measured.notes
-    analytic.meta["calibrated"] = {"stage_ratios": {}}
+    analytic.settings = dataclasses.replace(
+        analytic.settings, calibrated=Calibration("1f1b", 1, {}, 0.0)
+    )
     calibrated = _report()
     note_prediction_source(calibrated, analytic)
     assert calibrated.prediction_source == "analytic (h100-sxm), calibrated by a run"

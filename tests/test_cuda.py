@@ -133,7 +133,7 @@ def test_layers_add_up_to_the_whole_pass(large_profile: Path) -> None:
     from planner.profile import load_profile
 
     profile = load_profile(large_profile)
-    assert profile.meta["timing"] == "pass" and profile.meta["clock"] == "cuda_events"
+    assert profile.settings.timing == "pass" and profile.settings.clock == "cuda_events"
     ratios = profile.measurements[0].pass_ratios()
     assert ratios is not None
     forward, backward = ratios

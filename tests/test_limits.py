@@ -142,7 +142,7 @@ MESH = "schema: pipeplan.topology/v1\ndevices:\n  - {name: 'g{0..999}', memory: 
         (_topology(name='"gpu\\e[31m0"'), ["devices[0].name", "control characters", "\\x1b"]),
         (HOSTS.format(hosts=1, per=100_000_000), ["hosts.devices.count", "to 100,000"]),
         (HOSTS.format(hosts=100_000_000, per=1), ["hosts.count", "to 100,000"]),
-        (HOSTS.format(hosts=1000, per=8), ["hosts.count", "8,000 devices", "at most 4,096"]),
+        (HOSTS.format(hosts=10000, per=8), ["hosts.count", "80,000 devices", "at most 65,536"]),
         (MESH, ["links[0].between", "more than 200,000 links (1,000 x 1,000 here)"]),
         (_topology().replace("memory: 80 GiB}", "memory: 80 GiB, memory: 1 GiB}"), ["twice"]),
         ("[" * 100_000 + "]" * 100_000, ["nested deeper than 64 levels"]),

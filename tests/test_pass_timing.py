@@ -180,7 +180,7 @@ def test_memory_arithmetic_in_closed_form() -> None:
 
 def test_profile_with_pass_timing_on_cpu(tmp_path: Path) -> None:
     profile = profile_model(MODELS / "skip.py", [1, 2], repeat=2, warmup=1, timing="pass")
-    assert profile.meta["timing"] == "pass" and profile.meta["clock"] == "thread_time"
+    assert profile.settings.timing == "pass" and profile.settings.clock == "thread_time"
     for m in profile.measurements:
         assert m.pass_forward_ms and m.pass_backward_ms
         ratios = m.pass_ratios()
@@ -193,7 +193,7 @@ def test_profile_with_pass_timing_on_cpu(tmp_path: Path) -> None:
     assert load_profile(path).to_dict() == profile.to_dict()
     # The CPU default is unchanged: layer timing, no whole-pass fields.
     default = profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0)
-    assert default.meta["timing"] == "layer"
+    assert default.settings.timing == "layer"
     assert default.measurements[0].pass_forward_ms is None
     assert "pass_forward_ms" not in default.to_dict()["measurements"][0]
 
@@ -215,7 +215,7 @@ def test_profile_command_takes_timing(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit) as info:
         main([*args, "--repeat", "2", "--warmup", "1", "--timing", "pass"])
     assert info.value.code in (0, None)
-    assert load_profile(target).meta["timing"] == "pass"
+    assert load_profile(target).settings.timing == "pass"
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
         main([*args, "--timing", "events"])

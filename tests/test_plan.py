@@ -23,6 +23,7 @@ from planner.plan import (
     stages_from_data,
     validate_stages,
 )
+from planner.records import read_record
 from planner.schedule import Schedule, build_schedule
 from planner.simulate import simulate
 from planner.topology import uniform_topology
@@ -177,7 +178,7 @@ def test_prediction_holds_the_simulators_numbers_exactly(tmp_path: Path) -> None
     assert solver.plan_lower_bound_ms == solver.lower_bound_ms == pred.lower_bound_ms
     no_step = Prediction.from_result(simulate(prof, None, stages, "1f1b", 5, step_ms=0.0))
     assert no_step.step_ms is None and "step_ms" not in no_step.to_dict()
-    assert Prediction.from_dict(pred.to_dict()) == pred
+    assert read_record(Prediction, pred.to_dict(), file=None) == pred
 
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("*.json")), ids=lambda p: p.stem)
@@ -201,7 +202,9 @@ def test_older_plans_keep_their_own_fields() -> None:
     tuned = [b for b in peers.baselines if b.tuned]
     assert tuned and all(b.configuration and b.depth for b in tuned if b.feasible)
     stepped = Plan.load(DATA / "e94aee5-simulate-mlp-zb-step.json")
-    assert stepped.schedule.meta == {"step_ms": 0.5} and stepped.predicted is not None
+    assert stepped.step_ms == 0.5 and stepped.schedule.meta == {}
+    assert stepped.to_dict()["schedule"]["meta"] == {"step_ms": 0.5}
+    assert stepped.predicted is not None
     assert stepped.predicted.step_ms and stepped.solver == SolverInfo.manual()
 
 
@@ -247,30 +250,33 @@ def test_missing_optional_fields_are_fine(tmp_path: Path) -> None:
     assert bare.to_dict()["predicted"] == {} == bare.to_dict()["solver"]
 
 
-def test_plan_takes_its_parts_in_their_file_form(tmp_path: Path) -> None:
-    """``Plan(...)`` coerces dicts (a plan's parts as JSON) with the checks of a plan file;
-    the result equals the plan built from typed parts."""
+def test_a_plans_parts_in_their_file_form_read_as_the_typed_parts(tmp_path: Path) -> None:
+    """``Plan(...)`` takes typed parts only; the parts' file form (dicts, as the plan JSON
+    holds them) is read by ``plan_from_dict`` with the checks of a plan file, into the plan
+    built from typed parts."""
     typed = _plan(tmp_path)
     stages = parse_stages("0-1:gpu0;2-3:gpu1")
     result = simulate(synthetic_profile(4), None, stages, "1f1b", 4)
     path = str(tmp_path / "p.json")
-    legacy = Plan(
-        profile={"path": path, "sha256": sha256_file(path)},
-        topology={"path": None, "sha256": None},
-        microbatch_size=result.microbatch_size,
-        num_microbatches=result.num_microbatches,
-        stages=stages,
-        schedule=result.schedule.to_dict(),
-        predicted=result.predicted(),
-        solver={"method": "manual", "status": "given", "seconds": 0.0, "gap": None},
-    )
+    data = {
+        "schema": "pipeplan.plan/v1",
+        "profile": {"path": path, "sha256": sha256_file(path)},
+        "topology": {"path": None, "sha256": None},
+        "microbatch_size": result.microbatch_size,
+        "num_microbatches": result.num_microbatches,
+        "stages": [s.to_dict() for s in stages],
+        "schedule": result.schedule.to_dict(),
+        "predicted": result.predicted(),
+        "solver": {"method": "manual", "status": "given", "seconds": 0.0, "gap": None},
+    }
+    legacy = plan_from_dict(data)
     assert isinstance(legacy.predicted, Prediction) and isinstance(legacy.schedule, Schedule)
     assert legacy.profile == typed.profile and legacy.solver == typed.solver
     assert legacy.schedule.to_dict() == typed.schedule.to_dict()
     assert typed.predicted is not None and legacy.predicted is not None
     assert legacy.predicted.iteration_ms == pytest.approx(typed.predicted.iteration_ms, abs=1e-6)
     with pytest.raises(InputError, match="predicted.samples_per_s"):
-        Plan(typed.profile, typed.topology, 4, 4, stages, typed.schedule, {"iteration_ms": 1.0})
+        plan_from_dict({**data, "predicted": {"iteration_ms": 1.0}})
 
 
 def test_a_plan_built_in_memory_is_checked_as_a_file_is() -> None:

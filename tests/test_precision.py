@@ -25,7 +25,7 @@ from planner.runtime import run_plan
 from planner.runtime.loss_scale import AgreedLossScaler
 from planner.runtime.reference import train_single_process
 from planner.runtime.runner import run_precision
-from planner.runtime.settings import RunSettings
+from planner.runtime.settings import RunSettings, Training
 from planner.schedule import build_schedule
 
 HERE = Path(__file__).parent
@@ -139,8 +139,10 @@ def test_fp16_refuses_2bw_and_a_precision_other_than_the_profiles() -> None:
     stages = make_plan("0-1:cpu0;2-4:cpu1", "2bw", 4, 2).stages
     two_bw = build_schedule("2bw", stages, 4)
     with pytest.raises(InputError, match="2bw schedule"):
-        run_precision(RunSettings(5, precision="fp16"), None, "plan.json", schedule=two_bw)
-    profiled = RunSettings(5, precision="bf16", profile_path="p.json")
+        run_precision(
+            RunSettings(5, Training(precision="fp16")), None, "plan.json", schedule=two_bw
+        )
+    profiled = RunSettings(5, Training(precision="bf16"), profile_path="p.json")
     with pytest.raises(InputError, match="measured at bf16, not fp16") as info:
         run_precision(profiled, "fp16", "plan.json")
     assert info.value.one_line().startswith("plan.json")

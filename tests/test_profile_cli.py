@@ -78,7 +78,7 @@ def test_profile_warns_once_when_the_microbatch_size_matters(
     text = " ".join(err.split())
     assert text.count("warning: the model's result depends on the microbatch size") == 1
     assert "1 (BatchNorm1d)" in text
-    assert load_profile(target).meta["batch_dependent"] == ["1 (BatchNorm1d)"]
+    assert load_profile(target).settings.batch_dependent == ("1 (BatchNorm1d)",)
     code, _, err = _run(
         [
             "profile",
@@ -93,7 +93,7 @@ def test_profile_warns_once_when_the_microbatch_size_matters(
         capsys,
     )
     assert code == 0 and "microbatch size" not in err
-    assert "batch_dependent" not in load_profile(tmp_path / "s.json").meta
+    assert "batch_dependent" not in json.loads((tmp_path / "s.json").read_text())["meta"]
 
 
 def test_batch_dependent_modules() -> None:
@@ -223,7 +223,7 @@ def test_bundled_profiles_are_current_and_state_their_device(name: str) -> None:
         f"profiles/{name}.json is stale: re-run pipeplan profile examples/{name}.py"
     )
     assert profile.device == "cpu"
-    assert profile.meta["threads"] >= 1 and profile.meta["host"]["cpu_count"] >= 1
+    assert (profile.settings.threads or 0) >= 1 and profile.meta["host"]["cpu_count"] >= 1
     assert len(profile.microbatch_sizes) >= 3
 
 

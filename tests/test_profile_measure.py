@@ -126,7 +126,7 @@ def test_threads_are_restored_after_profiling() -> None:
     before = torch.get_num_threads()
     profile = profile_model(SKIP, [1], repeat=1, warmup=0, threads=1)
     assert torch.get_num_threads() == before
-    assert profile.meta["threads"] == 1
+    assert profile.settings.threads == 1
     assert profile.device == "cpu" and profile.meta["host"]["cpu_count"]
 
 

@@ -82,7 +82,7 @@ def test_calibration_scales_each_stage_to_what_was_measured() -> None:
     t = out.measurements[0].layers
     assert t[0].forward_ms == pytest.approx(1.5) and t[0].backward_ms == pytest.approx(4.0)
     assert t[2].forward_ms == pytest.approx(1.0) and t[2].backward_ms == pytest.approx(2.0)
-    assert out.meta["calibrated"]["step_ms"] == 5.0
+    assert out.settings.calibrated is not None and out.settings.calibrated.step_ms == 5.0
     assert _profile().measurements[0].layers[0].forward_ms == 1.0  # the input is untouched
 
 
@@ -181,18 +181,26 @@ def test_run_report_says_whether_compute_explains_the_gap() -> None:
 
 
 def test_worker_config_travels_as_json_and_checks_its_plan() -> None:
-    from planner.runtime.settings import WorkerConfig
+    from planner.profile.model_check import ProfiledSplit
+    from planner.records import read_record, record_dict
+    from planner.runtime.settings import Training, WorkerConfig
 
     stages = parse_stages("0-1:a;2-3:b")
     plan = Plan(FileRef("x"), FileRef(None), 2, 4, stages, build_schedule("1f1b", stages, 4))
-    config = WorkerConfig(
-        plan, "plan.json", "/m.py", place(stages, "cpu"), 3, 1, 60.0, "/tmp/r", 1, "sgd", lr=0.1
-    )
-    again = WorkerConfig.from_dict(json.loads(json.dumps(config.to_dict())))
-    assert again.to_dict() == config.to_dict()
+    split = ProfiledSplit("export", "blocks.*", ("a", "b", "c", "d"))
+    training = Training("sgd", "bf16", 1, split)
+    config = WorkerConfig(plan, "/m.py", place(stages, "cpu"), 3, 1, 60.0, "/tmp/r", training, 0.1)
+    again = read_record(WorkerConfig, json.loads(json.dumps(record_dict(config))), file="c.json")
+    assert record_dict(again) == record_dict(config) and again.training == training
     assert again.plan.schedule.devices == plan.schedule.devices and again.lr == 0.1
-    broken = config.to_dict()
+    broken = record_dict(config)
     broken["plan"]["schedule"]["devices"]["b"].reverse()
     with pytest.raises(InputError) as info:
-        WorkerConfig.from_dict(broken)
-    assert info.value.file == "plan.json" and info.value.field.startswith("schedule.devices.b")
+        read_record(WorkerConfig, broken, file="c.json")
+    assert info.value.file == "the run's plan"
+    assert info.value.field is not None and info.value.field.startswith("schedule.devices.b")
+    broken = record_dict(config)
+    broken["training"]["split"]["layer_names"] = "abcd"
+    with pytest.raises(InputError) as info:
+        read_record(WorkerConfig, broken, file="c.json")
+    assert (info.value.file, info.value.field) == ("c.json", "training.split.layer_names")

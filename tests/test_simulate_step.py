@@ -108,35 +108,35 @@ def test_cli_default_uses_the_profile_and_show_reproduces_it(
     assert "step_ms" in plans["default"] and "step_ms" not in plans["zero"]
 
 
-def _report_notes(step_ms: list[float] | None, meta: dict | None = None) -> list[str]:
-    """The notes of a run of a 40 ms prediction (``step_ms``: its optimizer steps) whose
-    measured step spends 12 ms in the optimizer."""
+def _report_notes(step_ms: list[float] | None, given_step_ms: float | None = None) -> list[str]:
+    """The notes of a run of a 40 ms prediction (``step_ms``: its optimizer steps;
+    ``given_step_ms``: the plan's ``simulate --step-ms``) whose measured step spends 12 ms in
+    the optimizer."""
     from types import SimpleNamespace
 
     from planner.plan import FileRef, Plan, Prediction
+    from planner.runtime.measured import RankResult, RunResult
     from planner.runtime.report import build_report
     from planner.schedule import build_schedule
 
-    rank = {
-        "rank": 0,
-        "step_seconds": [0.05],
-        "losses": [[1.0]],
-        "devices": ["cpu0"],
-        "torch_device": "cpu",
-        "peak_memory_bytes": 1,
-        "stage_ms": {"F0": 10.0, "STEP0": 12.0},
-        "events": [],
-        "memory_kind": "rss",
-    }
+    rank = RankResult(
+        rank=0,
+        devices=["cpu0"],
+        torch_device="cpu",
+        step_seconds=[0.05],
+        losses=[[1.0]],
+        stage_ms={"F0": 10.0, "STEP0": 12.0},
+        peak_memory_bytes=1,
+    )
     stages = parse_stages("0:cpu0")
     schedule = build_schedule("1f1b", stages, 1)
-    schedule.meta.update(meta or {})
     predicted = Prediction(40.0, 25.0, 0.0, 40.0, {}, {}, step_ms=step_ms)
     plan = Plan(FileRef("<memory>", ""), FileRef(None), 1, 1, stages, schedule, predicted)
+    plan.step_ms = given_step_ms
     placement = SimpleNamespace(
         device_type="cpu", backend="gloo", world_size=1, shared=False, microbatch_size=1
     )
-    report = build_report({"ranks": [rank]}, plan=plan, placement=placement, steps=1, warmup=0,
+    report = build_report(RunResult([rank]), plan=plan, placement=placement, steps=1, warmup=0,
                           notes=[])  # fmt: skip
     return report.notes
 
@@ -144,4 +144,4 @@ def _report_notes(step_ms: list[float] | None, meta: dict | None = None) -> list
 def test_run_report_suggests_step_ms_only_when_the_prediction_leaves_the_step_out() -> None:
     assert any("--step-ms" in n for n in _report_notes(None))
     assert _report_notes([12.0]) == []
-    assert _report_notes(None, meta={"step_ms": 12.0}) == []
+    assert _report_notes(None, given_step_ms=12.0) == []

@@ -115,7 +115,7 @@ def test_the_good_file_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             "{name: gpu1, memory: 16 GiB}",
             "{name: gpu1, memroy: 16 GiB}",
             "devices[1].memroy",
-            "unknown field 'memroy'",
+            "unknown field; expected one of host, kind, memory, name, speed",
         ),
         ("{name: gpu1, memory: 16 GiB}", "{name: gpu1}", "devices[1].memory", "missing"),
         (

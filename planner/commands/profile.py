@@ -4,6 +4,7 @@ Example::
 
     $ pipeplan profile examples/gpt.py -b 1,2,4
     $ pipeplan profile model.py --split-at 'transformer.h.*' -o profiles/mine.json --json
+    $ pipeplan profile examples/gpt.py -b 1,2 --tensor-parallel 2,4,8 --sequence-parallel
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import typer
 from planner.errors import InputError
 from planner.outputs import Outputs
 from planner.precision import check_precision
-from planner.profile.analytic import analytic_info, analytic_profile, check_analytic_settings
+from planner.profile.analytic import analytic_profile, check_analytic_settings
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.profile.isolated import call_isolated
 from planner.profile.loader import check_model_path, model_name
@@ -29,8 +30,9 @@ from planner.profile.measure import (
     check_timing,
     optimizer_state_bytes,
     parse_microbatch_sizes,
-    profile_model,
 )
+from planner.profile.shard_measure import profile_with_shards
+from planner.profile.tensor_parallel import TensorParallelRequest, parse_tensor_parallel
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,12 +71,12 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
 
     size = microbatch_size if microbatch_size is not None else profile.microbatch_sizes[-1]
     m = profile.measurement(size)
-    info = analytic_info(profile)
-    where = f"analytic for {info['gpu']['name']}" if info else f"on {profile.device}"
+    info = profile.settings.analytic
+    where = f"analytic for {info.gpu.name}" if info else f"on {profile.device}"
     caption = "bwd: whole backward; in, wt: its two halves; opt: optimizer step; act: saved for bwd"
     if info:
         flops = sum((t.forward_flops or 0) for t in m.layers)
-        eff = ", ".join(f"{k} {v:g}" for k, v in info["efficiency"].items())
+        eff = ", ".join(f"{k} {v:g}" for k, v in info.efficiency.to_dict().items())
         caption += (
             f"; times are a roofline, not measured (efficiency {eff}); "
             f"forward {flops / 1e12:.4g} TFLOP per microbatch"
@@ -82,7 +84,7 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
     table = Table(
         title=f"{profile.model} {where}, {profile.precision}, microbatch size {size} "
         "(times in ms)"
-        + (f", captured with {profile.meta['capture']}" if profile.meta.get("capture") else ""),
+        + (f", captured with {profile.settings.capture}" if profile.settings.capture else ""),
         caption=caption,
     )
     for header in ("#", "layer", "fwd", "bwd", "in", "wt", "opt", "params", "act", "out"):
@@ -132,12 +134,14 @@ def run_profile(
     capture: str = "auto",
     precision: str = "fp32",
     timing: str | None = None,
+    tensor_parallel: TensorParallelRequest | None = None,
     console: Console | None = None,
     show_progress: bool = True,
 ) -> tuple[Profile, Path]:
     """Validate the arguments, profile with a progress bar, write the profile atomically.
 
-    Every check that needs no measuring happens first, so bad input writes nothing.
+    Every check that needs no measuring happens first, so bad input writes nothing (the
+    tensor-parallel plan is checked in the child, before anything is measured).
 
     Example::
 
@@ -181,11 +185,12 @@ def run_profile(
         # The user's code runs in a child process: its exits, crashes and Ctrl-C never end
         # this one (planner.profile.isolated).
         profile = call_isolated(
-            profile_model,
+            profile_with_shards,
             model,
             microbatch_sizes,
             model=model,
             doing="profiling",
+            tensor_parallel=tensor_parallel,
             repeat=repeat,
             warmup=warmup,
             device=device,
@@ -215,6 +220,7 @@ def run_analytic(
     precision: str = "fp32",
     threads: int = 1,
     measuring: dict[str, Any] | None = None,
+    tensor_parallel: TensorParallelRequest | None = None,
     console: Console | None = None,
     show_progress: bool = True,
 ) -> tuple[Profile, Path]:
@@ -278,6 +284,7 @@ def run_analytic(
             split_at=split_at,
             capture=capture,
             threads=threads,
+            tensor_parallel=tensor_parallel,
         )
     outs.write_json(output, profile.to_dict())
     outs.commit()
@@ -378,6 +385,21 @@ def profile(
         "'matmul=0.6,attention=0.5,memory=0.8' (default: the catalog's).",
         show_default=False,
     ),
+    tensor_parallel: str | None = typer.Option(
+        None,
+        "--tensor-parallel",
+        help="Also profile each layer's shard on a tensor-parallel group of these sizes, "
+        "comma-separated (e.g. 2,4,8), split as model.py's tp_plan() or the Hugging Face "
+        "model's own plan says; measured in one process on torch's fake process group "
+        "(or counted, with --analytic).",
+        show_default=False,
+    ),
+    sequence_parallel: bool = typer.Option(
+        False,
+        "--sequence-parallel",
+        help="With --tensor-parallel: also each shard with sequence parallelism "
+        "(tp_plan(sequence_parallel=True)).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print the profile (and where it was written) as JSON on stdout."
     ),
@@ -391,7 +413,8 @@ def profile(
 
     Times are medians of --repeat runs; details and the file format in docs/profile.md.
     --analytic --gpu NAME counts the model built without weights against a GPU's datasheet
-    instead (docs/profile.md#analytic-profiles).
+    instead (docs/profile.md#analytic-profiles). --tensor-parallel 2,4,8 adds each layer's
+    shard per degree (docs/profile.md#tensor-parallel-shards).
 
     Example: pipeplan profile examples/gpt.py -b 1,2,4 -o profiles/gpt.json
     """
@@ -399,6 +422,7 @@ def profile(
 
     started = time.perf_counter()
     err = Console(stderr=True)
+    request = parse_tensor_parallel(tensor_parallel, sequence_parallel=sequence_parallel)
     if analytic:
         result, path = run_analytic(
             model,
@@ -417,6 +441,7 @@ def profile(
                 "--warmup": warmup,
                 "--timing": timing,
             },
+            tensor_parallel=request,
             console=err,
             show_progress=not quiet and not as_json,
         )
@@ -438,6 +463,7 @@ def profile(
         capture=capture,
         precision=precision,
         timing=timing,
+        tensor_parallel=request,
         console=err,
         show_progress=not quiet and not as_json,
     )
@@ -458,10 +484,16 @@ def _report(result: Profile, path: Path, seconds: float, *, as_json: bool, quiet
     err = Console(stderr=True)
     for line in pass_check_lines(result):
         err.print(f"warning: {line}")
-    batch_dependence = batch_dependence_warning(result.meta.get("batch_dependent") or [])
+    batch_dependence = batch_dependence_warning(list(result.settings.batch_dependent))
     if batch_dependence is not None:
         err.print(f"warning: {batch_dependence}")
-    err.print(f"wrote {path} ({result.num_layers} layers, {seconds:.1f} s)")
+    shards = ""
+    if result.tensor_parallel is not None:
+        shards = (
+            f"; tensor-parallel shards {', '.join(result.tensor_parallel.keys())} "
+            f"from {result.tensor_parallel.plan_source}"
+        )
+    err.print(f"wrote {path} ({result.num_layers} layers{shards}, {seconds:.1f} s)")
 
 
 def _fixed_ms(value: float) -> str:

@@ -167,14 +167,14 @@ def _plan_schedule(
     plan: Plan,
     stored: Schedule,
     specs: list[StageSpec],
-    microbatches: int,
+    num_microbatches: int,
     microbatch_size: int | None,
     plan_file: Path,
 ) -> Any:
     """The plan's own op order, or (stages or microbatches overridden) its schedule rebuilt."""
     same = (
         [s.to_dict() for s in specs] == [s.to_dict() for s in plan.stages]
-        and microbatches == plan.num_microbatches
+        and num_microbatches == plan.num_microbatches
         and microbatch_size == plan.microbatch_size
     )
     if same:
@@ -200,7 +200,7 @@ class _Resolved:
     topology_path: Path | None
     stages: list[StageSpec]
     schedule: Any  # a schedule name or an explicit Schedule
-    microbatches: int
+    num_microbatches: int
     microbatch_size: int | None
     step_ms: float | None
 
@@ -210,7 +210,7 @@ def _resolve(
     topology: Path | None,
     stages: str | None,
     schedule: str | None,
-    microbatches: int | None,
+    num_microbatches: int | None,
     microbatch_size: int | None,
     recompute: str | None,
     virtual_stages: int,
@@ -225,15 +225,17 @@ def _resolve(
     got = None
     if plan is not None and plan_file is not None:
         got = plan_inputs(plan, plan_file, profile=profile is None, topology=topology is None)
-        microbatches = plan.num_microbatches if microbatches is None else microbatches
+        num_microbatches = plan.num_microbatches if num_microbatches is None else num_microbatches
         microbatch_size = plan.microbatch_size if microbatch_size is None else microbatch_size
         step_ms = got.step_ms if step_ms is None else step_ms
     elif schedule is not None and microbatch_size is None:
         microbatch_size = _plan_microbatch_size(schedule)
-    microbatches = 8 if microbatches is None else microbatches
-    if microbatches < 1:
-        raise InputError(f"expected a positive integer, got {microbatches}", field="--microbatches")
-    check_int(microbatches, field="--microbatches", high=MAX_MICROBATCHES)
+    num_microbatches = 8 if num_microbatches is None else num_microbatches
+    if num_microbatches < 1:
+        raise InputError(
+            f"expected a positive integer, got {num_microbatches}", field="--microbatches"
+        )
+    check_int(num_microbatches, field="--microbatches", high=MAX_MICROBATCHES)
     if microbatch_size is not None:
         check_int(microbatch_size, field="--microbatch-size", high=MAX_MICROBATCH_SIZE)
     if virtual_stages < 1:
@@ -278,11 +280,13 @@ def _resolve(
         if isinstance(chosen, Schedule):
             check_schedule_name(chosen, specs, source=schedule)
     elif plan is not None and got is not None and plan_file is not None:
-        chosen = _plan_schedule(plan, got.schedule, specs, microbatches, microbatch_size, plan_file)
+        chosen = _plan_schedule(
+            plan, got.schedule, specs, num_microbatches, microbatch_size, plan_file
+        )
     else:
         chosen = "1f1b"
     return _Resolved(
-        prof, profile, topo, topology, specs, chosen, microbatches, microbatch_size, step_ms
+        prof, profile, topo, topology, specs, chosen, num_microbatches, microbatch_size, step_ms
     )
 
 
@@ -330,7 +334,7 @@ def simulate_command(
         "1f1b; with --plan the plan's own op order.",
         show_default=False,
     ),
-    microbatches: int | None = typer.Option(
+    num_microbatches: int | None = typer.Option(
         None,
         "--microbatches",
         "-m",
@@ -399,19 +403,17 @@ def simulate_command(
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         outs.file(path, flag)
     got = _resolve(
-        profile, topology, stages, schedule, microbatches, microbatch_size, recompute,
+        profile, topology, stages, schedule, num_microbatches, microbatch_size, recompute,
         virtual_stages, step_ms, plan_file, (sequence_parallel, sharding),
     )  # fmt: skip
     outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
     specs, step_ms = got.stages, got.step_ms
     if isinstance(got.schedule, str):  # before the schedule is built
-        check_schedule_size(len(specs), got.microbatches, field="--microbatches")
+        check_schedule_size(len(specs), got.num_microbatches, field="--microbatches")
     result = simulate(
-        got.profile, got.topology, specs, got.schedule, got.microbatches, got.microbatch_size,
+        got.profile, got.topology, specs, got.schedule, got.num_microbatches, got.microbatch_size,
         virtual_stages=virtual_stages, step_ms=step_ms,
     )  # fmt: skip
-    if step_ms is not None:  # show re-simulates with the same override
-        result.schedule.meta["step_ms"] = step_ms
     if output is not None:
         outs.write_json(output, _plan_data(result, got, output))
     _emit(result, specs, outs, svg=svg, html=html, trace=trace, as_json=as_json, gantt=not no_gantt)
@@ -441,6 +443,7 @@ def _plan_data(result: Any, got: _Resolved, output: Path) -> dict[str, Any]:
         got.stages,
         profile=_file_ref(got.profile_path, output),
         topology=FileRef(None) if topo is None else _file_ref(topo, output),
+        step_ms=got.step_ms,  # show re-simulates with the same override
     ).to_dict()
 
 

@@ -43,7 +43,7 @@ def solve_command(
         "that divide it.",
         show_default=False,
     ),
-    microbatches: int | None = typer.Option(
+    num_microbatches: int | None = typer.Option(
         None,
         "--microbatches",
         help="Number of microbatches per iteration (default: 2 x devices when no "
@@ -56,7 +56,11 @@ def solve_command(
         help="auto (try 1f1b, gpipe, zb, interleaved), gpipe, 1f1b, interleaved, zb or 2bw.",
     ),
     time_limit: float = typer.Option(
-        60.0, "--time-limit", help="Seconds the integer program may run (CBC)."
+        60.0,
+        "--time-limit",
+        help="Seconds the whole solve may take: then the best plan simulated so far is "
+        "returned (solver status 'time limit'); the integer program gets half of what is "
+        "left when it starts.",
     ),
     output: Path = typer.Option(Path("plan.json"), "-o", "--output", help="Plan JSON to write."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
@@ -80,7 +84,7 @@ def solve_command(
         prof,
         topo,
         global_batch=global_batch,
-        num_microbatches=microbatches,
+        num_microbatches=num_microbatches,
         schedule=schedule,
         time_limit=time_limit,
         profile_path=str(profile),

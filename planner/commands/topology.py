@@ -38,11 +38,13 @@ topology_app = typer.Typer(
 )
 
 _MATRIX_LIMIT = 24  # devices; larger matrices go to --json
+# Devices up to which --json prints both matrices (4 million pairs, about 0.2 GB of JSON):
+# a route per pair, so beyond this they are left out rather than computed for minutes.
+_JSON_MATRIX_LIMIT = 2048
 
 
 def _summary(topo: Topology) -> dict[str, Any]:
-    bw = topo.bandwidth_matrix()
-    finite = bw[~(bw == math.inf)]
+    spread = topo.bandwidth_range()  # linear in the links: no table of pairs
     return {
         "name": topo.name,
         "source": topo.source,
@@ -50,27 +52,31 @@ def _summary(topo: Topology) -> dict[str, Any]:
         "hosts": len(topo.hosts()),
         "switches": len(topo.switches),
         "links": topo.graph.number_of_edges(),
-        "min_bandwidth_bytes_per_s": float(finite.min()) if finite.size else None,
-        "max_bandwidth_bytes_per_s": float(finite.max()) if finite.size else None,
+        "min_bandwidth_bytes_per_s": spread[0] if spread else None,
+        "max_bandwidth_bytes_per_s": spread[1] if spread else None,
     }
 
 
 def _details(topo: Topology) -> dict[str, Any]:
     names = topo.device_names()
+    if len(names) > _JSON_MATRIX_LIMIT:
+        return {
+            **_summary(topo),
+            "device_list": _device_list(topo),
+            "order": names,
+            "bandwidth_bytes_per_s": None,
+            "latency_ms": None,
+            "matrices_left_out": (
+                f"{len(names):,} devices: the matrices are printed up to "
+                f"{_JSON_MATRIX_LIMIT:,} (a route per device pair)"
+            ),
+            "normalized": topo.to_dict(),
+        }
     bw = topo.bandwidth_matrix()
     lat = topo.latency_matrix()
     return {
         **_summary(topo),
-        "device_list": [
-            {
-                "name": d.name,
-                "memory_bytes": d.memory_bytes,
-                "speed": d.speed,
-                "host": d.host,
-                "kind": d.kind,
-            }
-            for d in topo.devices
-        ],
+        "device_list": _device_list(topo),
         "order": names,
         # JSON has no infinity: the diagonal (a device to itself) is null.
         "bandwidth_bytes_per_s": [
@@ -79,6 +85,19 @@ def _details(topo: Topology) -> dict[str, Any]:
         "latency_ms": lat.tolist(),
         "normalized": topo.to_dict(),
     }
+
+
+def _device_list(topo: Topology) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": d.name,
+            "memory_bytes": d.memory_bytes,
+            "speed": d.speed,
+            "host": d.host,
+            "kind": d.kind,
+        }
+        for d in topo.devices
+    ]
 
 
 def _print_show(topo: Topology) -> None:
@@ -102,9 +121,10 @@ def _print_show(topo: Topology) -> None:
     console.print(table)
     names = topo.device_names()
     if len(names) > _MATRIX_LIMIT:
-        console.print(
-            f"(bandwidth matrix of {len(names)} devices left out; use --json for all of it)"
-        )
+        where = "use --json for all of it"
+        if len(names) > _JSON_MATRIX_LIMIT:
+            where = "ask for a pair with the Python API"
+        console.print(f"(bandwidth matrix of {len(names)} devices left out; {where})")
         return
     matrix = Table(title="Bandwidth between devices, GB/s per direction (route bottleneck)")
     matrix.add_column("")

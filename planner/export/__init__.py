@@ -34,6 +34,7 @@ from planner.outputs import Outputs
 from planner.plan_inputs import plan_files
 from planner.profile.isolated import call_isolated
 from planner.profile.loader import check_model_path, load_model_file
+from planner.profile.model_check import ProfiledSplit, check_source, check_split
 
 __all__ = ["TARGETS", "ExportResult", "check_model", "check_model_file", "export_plan"]
 
@@ -57,8 +58,9 @@ class ExportResult:
 
 
 def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
-    """Refuse a model file that is not the one profiled, or that splits into other layers;
-    returns its absolute path.
+    """Refuse a model file that is not the one profiled, or that splits into other layers
+    (:mod:`planner.profile.model_check`, the checks ``run`` makes too); returns its
+    absolute path.
 
     Example::
 
@@ -70,13 +72,7 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
 
     user = load_model_file(model)
     profile = source.profile
-    if profile.source_sha256 and profile.source_sha256 != user.source_sha256:
-        raise InputError(
-            f"this model.py is not the one profiled for the plan (sha256 "
-            f"{user.source_sha256[:12]} against the profile's {profile.source_sha256[:12]})",
-            file=str(model),
-            field="--model",
-        )
+    check_source(str(model), user.source_sha256, profile)
     if user.takes_whole_output():
         raise InputError(
             "loss_fn takes the whole Hugging Face ModelOutput, but torch's PipelineStage "
@@ -87,16 +83,10 @@ def check_model(source: ExportSource, model: str | os.PathLike[str]) -> str:
     torch.manual_seed(0)
     net = user.build()
     inputs, _ = user.batch(source.plan.microbatch_size)
-    capture = profile.meta.get("capture") or "fx"
-    split = capture_model(net, inputs, profile.meta.get("split_at"), capture=capture)
-    names = [layer.name for layer in profile.layers]
-    if list(split.names) != names:
-        raise InputError(
-            f"the model splits into layers {split.names[:4]}... but the profile has "
-            f"{names[:4]}...; profile again",
-            file=str(model),
-            field="layers",
-        )
+    expected = ProfiledSplit.of(profile)
+    split = capture_model(net, inputs, expected.split_at, capture=expected.capture)
+    covered = max(s.last for s in source.plan.stages) + 1
+    check_split(split, expected, model=str(model), covered=covered)
     return str(Path(model).resolve())
 
 

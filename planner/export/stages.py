@@ -49,8 +49,8 @@ class PipeplanStages:
     ) -> PipeplanStages:
         """Capture ``model`` on a sample microbatch and join its layers per stage.
 
-        ``split_at`` and ``capture`` must be the profile's (``meta.split_at``,
-        ``meta.capture``) so that the layers are the profiled ones.
+        ``split_at`` and ``capture`` must be the profile's (``settings.split_at``,
+        ``settings.capture_method``) so that the layers are the profiled ones.
 
         Example::
 

@@ -107,8 +107,8 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
         "schedule_compute_csv": schedule_files(layout.dp_degree, "schedule_compute"),
         "optimizer": profile.optimizer,
         "lr": None,
-        "split_at": profile.meta.get("split_at"),
-        "capture": profile.meta.get("capture") or "fx",
+        "split_at": profile.settings.split_at,
+        "capture": profile.settings.capture_method,
     }
 
 

@@ -172,7 +172,9 @@ class _Tables:
     is computed once and cached on the :class:`LayerCosts`.
     """
 
-    def __init__(self, costs: LayerCosts, slot: Slot, weight_versions: int, m: int) -> None:
+    def __init__(
+        self, costs: LayerCosts, slot: Slot, weight_versions: int, num_microbatches: int
+    ) -> None:
         n = costs.num_layers
         i = np.arange(n)[:, None]
         j = np.arange(n)[None, :]
@@ -189,7 +191,7 @@ class _Tables:
         r = slot.replicas
         extra: np.ndarray | float = 0.0
         if slot.allreduce is not None and r > 1:
-            extra = slot.allreduce(costs.params[j + 1] - costs.params[i]) / max(m, 1)
+            extra = slot.allreduce(costs.params[j + 1] - costs.params[i]) / max(num_microbatches, 1)
         self.t_off = (fwd + bwd) / (slot.speed * r) + extra
         self.t_on = self.t_off + fwd / (slot.speed * r)
         # The DP asks for the same (held, recompute) many times across depths and shapes.
@@ -220,11 +222,18 @@ class _Tables:
         return cost, recompute
 
 
-def _tables(costs: LayerCosts, slot: Slot, weight_versions: int, m: int) -> _Tables:
-    key = (slot.speed, slot.memory_bytes, slot.replicas, slot.allreduce, weight_versions, m)
+def _tables(costs: LayerCosts, slot: Slot, weight_versions: int, num_microbatches: int) -> _Tables:
+    key = (
+        slot.speed,
+        slot.memory_bytes,
+        slot.replicas,
+        slot.allreduce,
+        weight_versions,
+        num_microbatches,
+    )
     hit = costs.cache.get(key)
     if hit is None:
-        hit = costs.cache[key] = _Tables(costs, slot, weight_versions, m)
+        hit = costs.cache[key] = _Tables(costs, slot, weight_versions, num_microbatches)
     return hit
 
 

@@ -113,7 +113,9 @@ def solve_ilp(
         k = _coefficients(costs, topology, names, in_flight, num_microbatches, weight_versions)
         prob = pulp.LpProblem("pipeplan_partition_mapping", pulp.LpMinimize)
         v = _variables(pulp, n, num_stages, len(names))
-        prob += (k.m - 1) * v.bott + pulp.lpSum(v.t[s] + v.c[s] for s in range(num_stages))
+        prob += (k.num_microbatches - 1) * v.bott + pulp.lpSum(
+            v.t[s] + v.c[s] for s in range(num_stages)
+        )
         for s in range(num_stages):
             _stage_constraints(pulp, prob, v, k, s, num_stages)
         classes = _global_constraints(pulp, prob, v, k, num_stages, topology)
@@ -161,7 +163,7 @@ class _Coefficients:
     n: int
     names: list[str]
     dev: list[Any]  # the Device of each name
-    m: int
+    num_microbatches: int
     in_flight: Sequence[int]
     work: list[float]  # forward + backward
     fwd: list[float]
@@ -183,7 +185,7 @@ def _coefficients(
     topology: Topology,
     names: list[str],
     in_flight: Sequence[int],
-    m: int,
+    num_microbatches: int,
     weight_versions: int,
 ) -> _Coefficients:
     n = costs.num_layers
@@ -198,7 +200,7 @@ def _coefficients(
         n=n,
         names=names,
         dev=dev,
-        m=m,
+        num_microbatches=num_microbatches,
         in_flight=in_flight,
         work=[
             (costs.fwd[i + 1] - costs.fwd[i]) + (costs.bwd[i + 1] - costs.bwd[i]) for i in layers

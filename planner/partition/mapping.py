@@ -48,17 +48,26 @@ def identical_devices(topology: Topology) -> bool:
 def uniform_network(topology: Topology) -> bool:
     """True when every pair of devices sees the same bandwidth and latency.
 
+    Two bottlenecks (the topology's range, no route worked out) or the first pair that
+    differs answer False; only a network of one bandwidth visits every pair.
+
     Example::
 
         uniform_network(uniform_topology(4))     # True
     """
+    spread = topology.bandwidth_range()
+    if spread is not None and spread[0] != spread[1]:
+        return False
     names = topology.device_names()
-    seen = {
-        (topology.bandwidth(a, b), round(topology.latency_ms(a, b), 12))
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-    }
-    return len(seen) <= 1
+    seen: tuple[float, float] | None = None
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            pair = (topology.bandwidth(a, b), round(topology.latency_ms(a, b), 12))
+            if seen is None:
+                seen = pair
+            elif pair != seen:
+                return False
+    return True
 
 
 def transfer_cost(topology: Topology | None, src: str, dst: str) -> Linear:
@@ -83,22 +92,28 @@ def widest_walk(topology: Topology, start: str, *, prefer_speed: bool = False) -
 
         widest_walk(topology, "gpu0")   # ['gpu0', 'gpu1', ...] along NVLink first
     """
-    order = {name: i for i, name in enumerate(topology.device_names())}
-    speed = {d.name: d.speed for d in topology.devices}
+    names = topology.device_names()
+    speed = [d.speed for d in topology.devices]
     path = [start]
-    left = [n for n in topology.device_names() if n != start]
+    left = [i for i, n in enumerate(names) if n != start]  # by file order
     while left:
         cur = path[-1]
+        # The key is (-bw, latency, -speed, order), or (-speed, -bw, latency, order): the
+        # leading criteria narrow the field first, so only the devices left in it cost a
+        # route (latency); the rest are compared on one row of bottlenecks.
+        field = left
+        if prefer_speed:
+            fastest = max(speed[i] for i in field)
+            field = [i for i in field if speed[i] == fastest]
+        bw = topology.bandwidths_from(cur)
+        widest = max(bw[i] for i in field)
+        field = [i for i in field if bw[i] == widest]
 
-        def key(n: str, cur: str = cur) -> tuple[float, ...]:
-            bw = topology.bandwidth(cur, n)
-            lat = topology.latency_ms(cur, n)
-            if prefer_speed:
-                return (-speed[n], -bw, lat, order[n])
-            return (-bw, lat, -speed[n], order[n])
+        def key(i: int, cur: str = cur) -> tuple[float, ...]:
+            return (topology.latency_ms(cur, names[i]), -speed[i], i)
 
-        nxt = min(left, key=key)
-        path.append(nxt)
+        nxt = min(field, key=key) if len(field) > 1 else field[0]
+        path.append(names[nxt])
         left.remove(nxt)
     return path
 

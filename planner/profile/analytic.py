@@ -19,7 +19,8 @@ as a measured one, without running the model on any device:
 
 The profile holds, per layer and microbatch size, ``forward_flops``,
 ``backward_input_flops`` and ``backward_weight_flops`` beside the times, and its
-``meta.analytic`` names the GPU (with its numbers and their source) and the efficiencies.
+``settings.analytic`` (:class:`~planner.profile.settings.AnalyticInfo`, the file's
+``meta.analytic``) names the GPU (with its numbers and their source) and the efficiencies.
 
 Example::
 
@@ -45,11 +46,16 @@ from planner.precision import check_precision
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.measure import ProgressFn, parse_microbatch_sizes
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.settings import AnalyticInfo, ProfileSettings
+from planner.profile.tensor_parallel import (
+    TensorParallelRequest,
+    check_readable,
+    check_request,
+)
 
 __all__ = [
     "STEP_TRAFFIC",
     "AnalyticSettings",
-    "analytic_info",
     "analytic_profile",
     "check_analytic_settings",
 ]
@@ -129,6 +135,7 @@ def analytic_profile(
     threads: int = 1,
     twins: bool = True,
     dynamic_batch: bool = True,
+    tensor_parallel: TensorParallelRequest | None = None,
     progress: ProgressFn | None = None,
 ) -> Profile:
     """The analytic profile of the model.py at ``path`` (module docstring).
@@ -137,7 +144,8 @@ def analytic_profile(
     ``efficiency``: ``"matmul=0.6,memory=0.8"`` over the GPU's defaults; ``threads``: for
     the ``cpu`` entry's measured peaks; ``twins=False`` counts every layer on its own;
     ``dynamic_batch=False`` exports the model once per microbatch size (as the measured
-    profiler does) instead of once for all.
+    profiler does) instead of once for all. ``tensor_parallel``: the degrees whose shards
+    are counted too (:mod:`planner.profile.shard_count`).
 
     Example::
 
@@ -149,7 +157,7 @@ def analytic_profile(
         dynamic_batch=dynamic_batch,
     )  # fmt: skip
     user = load_model_file(path)
-    return _profile(user, sizes, settings, split_at, progress)
+    return _profile(user, sizes, settings, split_at, progress, tensor_parallel)
 
 
 def _profile(
@@ -158,6 +166,7 @@ def _profile(
     settings: AnalyticSettings,
     split_at: str | None,
     progress: ProgressFn | None,
+    tensor_parallel: TensorParallelRequest | None = None,
 ) -> Profile:
     import torch
 
@@ -167,12 +176,15 @@ def _profile(
     from planner.profile.tied import find_tied_parameters
 
     started = time.perf_counter()
+    mode = fake_mode()
+    model = build_fake(user, mode)
+    plan_source = None
+    if tensor_parallel is not None:  # every setting checked before anything is counted
+        plan_source = check_request(user, model, tensor_parallel, split_at)
     spec = settings.gpu
     if spec.measure:
         spec = measure_cpu(spec, settings.threads, settings.precision)
     roofline = Roofline(spec, settings.efficiency)
-    mode = fake_mode()
-    model = build_fake(user, mode)
     counter = _Counter(user, model, mode, roofline, settings, split_at)
     if settings.dynamic_batch:
         counter.capture_once(sizes)
@@ -185,7 +197,7 @@ def _profile(
     split = counter.first_split
     assert split is not None
     layers = _layers(split, settings, roofline)
-    return Profile(
+    profile = Profile(
         model=user.name,
         layers=layers,
         measurements=measurements,
@@ -195,9 +207,48 @@ def _profile(
         torch_version=torch.__version__,
         optimizer=settings.optimizer,
         precision=settings.precision,
-        meta=_meta(spec, settings, split, split_at, counter, time.perf_counter() - started),
+        meta=_meta(split, time.perf_counter() - started),
         tied_parameters=find_tied_parameters(split),
+        settings=_settings(spec, settings, split, split_at, counter),
     )
+    if tensor_parallel is not None and plan_source is not None:
+        _count_shards(
+            user, profile, tensor_parallel, plan_source, settings, roofline, split_at, counter
+        )
+        profile.meta["wall_seconds"] = round(time.perf_counter() - started, 2)
+    return profile
+
+
+def _count_shards(
+    user: UserModel,
+    profile: Profile,
+    request: TensorParallelRequest,
+    plan_source: str,
+    settings: AnalyticSettings,
+    roofline: Any,
+    split_at: str | None,
+    counter: _Counter,
+) -> None:
+    """The tensor-parallel entries (:mod:`planner.profile.shard_count`), the optimizer
+    step of a shard timed as a layer's (:data:`STEP_TRAFFIC`), twins where the unsharded
+    layers are twins."""
+    from planner.profile.shard_count import count_shards
+
+    bandwidth = roofline.gpu.memory_bytes_per_s * roofline.efficiency.memory
+    count_shards(
+        user,
+        profile,
+        request,
+        roofline,
+        precision=settings.precision,
+        split_at=split_at,
+        step_ms=lambda size: STEP_TRAFFIC[settings.optimizer] * size / bandwidth * 1e3,
+        optimizer=settings.optimizer,
+        dynamic_batch=settings.dynamic_batch,
+        twins=counter.signatures if settings.twins else None,
+    )
+    profile.tensor_parallel = request.info(plan_source)
+    check_readable(profile, user)
 
 
 class _Counter:
@@ -221,6 +272,8 @@ class _Counter:
         self.first_split: Any = None
         self.counted = 0  # layers counted
         self.reused = 0  # layers that took a twin's counts
+        # per size, each layer's twin signature (None: unique): the shards' twins are these
+        self.signatures: dict[int, list[Hashable | None]] = {}
         self.dynamic = False  # one export with a symbolic batch size served every size
 
     def capture_once(self, sizes: list[int]) -> None:
@@ -261,9 +314,12 @@ class _Counter:
             values: Any = split.flat_inputs(inputs)
             timings = []
             cache: dict[Hashable, tuple[Any, Any]] = {}
+            signatures = self.signatures.setdefault(size, [])
             for k, layer in enumerate(split.layers):
                 last = k == split.num_layers - 1
-                count, values = self._count(layer, values, targets if last else None, cache)
+                count, values = self._count(
+                    layer, values, targets if last else None, cache, signatures
+                )
                 timings.append(_timing(count))
         return Measurement(size, tensor_bytes(inputs), timings)
 
@@ -289,7 +345,12 @@ class _Counter:
         return split
 
     def _count(
-        self, layer: Any, values: Any, targets: Any, cache: dict[Hashable, tuple[Any, Any]]
+        self,
+        layer: Any,
+        values: Any,
+        targets: Any,
+        cache: dict[Hashable, tuple[Any, Any]],
+        signatures: list[Hashable | None],
     ) -> tuple[Any, Any]:
         from planner.profile.layer_count import count_layer
         from planner.profile.twins import layer_signature
@@ -298,6 +359,7 @@ class _Counter:
         if targets is not None:
             loss = lambda out: self.user.loss(out, targets)  # noqa: E731
         signature = layer_signature(layer, values) if self.settings.twins and loss is None else None
+        signatures.append(signature)
         if signature is not None and signature in cache:
             self.reused += 1
             return cache[signature]
@@ -359,43 +421,30 @@ def _dtype(model: Any) -> str:
     return "float32"
 
 
-def _meta(
-    spec: GpuSpec,
-    settings: AnalyticSettings,
-    split: Any,
-    split_at: str | None,
-    counter: _Counter,
-    seconds: float,
-) -> dict[str, Any]:
+def _meta(split: Any, seconds: float) -> dict[str, Any]:
+    """The free facts of an analytic profile (its settings are ``Profile.settings``)."""
     return {
         "tool": "pipeplan profile --analytic",
         "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "analytic": {
-            "gpu": spec.to_dict(),
-            "efficiency": settings.efficiency.to_dict(),
-            "method": "roofline per aten operation on fake tensors (planner/profile/roofline.py)",
-            "autocast": "cpu" if settings.precision != "fp32" else None,
-            "optimizer_step_bytes_per_param_byte": STEP_TRAFFIC[settings.optimizer],
-            "layers_counted": counter.counted,
-            "layers_from_twins": counter.reused,
-            "one_capture_for_all_sizes": counter.dynamic,
-        },
-        "split_at": split_at,
         "split_points": list(split.split_points),
-        "capture": split.capture,
         "wall_seconds": round(seconds, 2),
         "host": {"platform": platform.platform(), "python": platform.python_version()},
     }
 
 
-def analytic_info(profile: Profile) -> dict[str, Any] | None:
-    """``meta.analytic`` of an analytic profile (the GPU, its numbers, the efficiencies);
-    None for a measured one.
-
-    Example::
-
-        info = analytic_info(load_profile("profiles/llama-h100.json"))
-        info["gpu"]["name"] if info else "measured"
-    """
-    info = profile.meta.get("analytic")
-    return info if isinstance(info, dict) else None
+def _settings(
+    spec: GpuSpec, settings: AnalyticSettings, split: Any, split_at: str | None, counter: _Counter
+) -> ProfileSettings:
+    """What the analytic profile was made with: its capture and split, and what its times
+    are a roofline of (``settings.analytic``)."""
+    analytic = AnalyticInfo(
+        gpu=spec,
+        efficiency=settings.efficiency,
+        method="roofline per aten operation on fake tensors (planner/profile/roofline.py)",
+        autocast="cpu" if settings.precision != "fp32" else None,
+        optimizer_step_bytes_per_param_byte=STEP_TRAFFIC[settings.optimizer],
+        layers_counted=counter.counted,
+        layers_from_twins=counter.reused,
+        one_capture_for_all_sizes=counter.dynamic,
+    )
+    return ProfileSettings(capture=split.capture, split_at=split_at, analytic=analytic)

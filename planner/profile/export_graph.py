@@ -27,7 +27,7 @@ Example::
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,7 @@ def export_graph(
     inputs: tuple[Any, ...] | Mapping[str, Any],
     *,
     dynamic_batch: bool = False,
+    module_calls: Sequence[str] = (),
 ) -> ExportedGraph:
     """Export ``model``'s forward on ``inputs`` (non-strict) and re-attach its attributes.
 
@@ -118,6 +119,8 @@ def export_graph(
     data-dependent branch, with its file and line where torch says it). ``dynamic_batch``:
     the first dimension of every tensor input is exported as one symbolic size, so the
     graph runs at any microbatch size (torch raises where the model specialises on it).
+    ``module_calls``: modules whose operations become one call of the module itself
+    (:mod:`planner.profile.module_calls`; the tensor-parallel shards run through them).
 
     Example::
 
@@ -129,15 +132,29 @@ def export_graph(
     else:
         args, kwargs = tuple(inputs), {}
     dynamic = _batch_dims(args, kwargs) if dynamic_batch else None
+    keep = tuple(module_calls)
     try:
         with _quiet_torch_logs():
-            program = torch.export.export(model, args, kwargs, strict=False, dynamic_shapes=dynamic)
+            program = torch.export.export(
+                model,
+                args,
+                kwargs,
+                strict=False,
+                dynamic_shapes=dynamic,
+                preserve_module_call_signature=keep,
+            )
+        in_eval_mode = False
     except Exception as first:  # any export failure is a property of the user's model
-        program = _export_without_dropout(model, args, kwargs, first)
+        program = _export_without_dropout(model, args, kwargs, first, keep)
         if program is None:
             raise InputError(_why_not(first), field="build_model") from None
-        return _rebuild(model, program, in_eval_mode=True)
-    return _rebuild(model, program)
+        in_eval_mode = True
+    captured = _rebuild(model, program, in_eval_mode=in_eval_mode)
+    if keep:
+        from planner.profile.module_calls import call_modules
+
+        call_modules(captured.graph, captured.attributes, model, program.module_call_graph, keep)
+    return captured
 
 
 def _batch_dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -153,7 +170,11 @@ def _batch_dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _export_without_dropout(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], first: BaseException
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    first: BaseException,
+    keep: tuple[str, ...] = (),
 ) -> Any:
     """A second try in eval mode, for a model whose training-mode forward branches on a
     random draw (OPT's ``if torch.rand([]) < self.layerdrop``) but has no dropout at all:
@@ -165,7 +186,9 @@ def _export_without_dropout(
     model.eval()
     try:
         with _quiet_torch_logs():
-            return torch.export.export(model, args, kwargs, strict=False)
+            return torch.export.export(
+                model, args, kwargs, strict=False, preserve_module_call_signature=keep
+            )
     except Exception:
         return None
     finally:

@@ -61,9 +61,12 @@ def count_layer(
     *,
     autocast: Callable[[], Any] = contextlib.nullcontext,
     loss: Callable[[Any], Any] | None = None,
+    counter: Callable[[str], OpCounter] | None = None,
 ) -> tuple[LayerCount, Any]:
     """Count ``layer``'s passes on ``values`` (module docstring); returns the counts and the
-    layer's outputs (the values entering the next layer).
+    layer's outputs (the values entering the next layer). ``counter(pass)`` makes the
+    counter of each pass (``"forward"``, ``"backward_input"``, ``"backward"``; default: an
+    :class:`OpCounter`): a tensor-parallel shard's counts its local operations.
 
     Example::
 
@@ -78,10 +81,11 @@ def count_layer(
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
         if key not in state:
-            saved[key] = t.untyped_storage().nbytes()
+            saved[key] = _local(t).untyped_storage().nbytes()
         return t
 
-    forward = OpCounter(roofline)
+    make = counter or (lambda _: OpCounter(roofline))
+    forward = make("forward")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), forward, autocast():
         outputs = layer(*leaves)
         value = loss(outputs) if loss is not None else None
@@ -90,15 +94,14 @@ def count_layer(
     else:  # a value passed through unchanged is a leaf: its gradient costs nothing
         roots = [t for t in tensors(outputs) if t.grad_fn is not None]
         grads = [torch.ones_like(t) for t in roots]
-    input_half = OpCounter(roofline)
+    input_half = make("backward_input")
     if roots and grad_inputs:
         with input_half:
             torch.autograd.grad(roots, grad_inputs, grads, retain_graph=True, allow_unused=True)
-    whole = OpCounter(roofline)
+    whole = make("backward")
     wrt = grad_inputs + params
     if roots and wrt:
-        for p in params:  # as in training: each microbatch adds into the gradient
-            p.grad = torch.zeros_like(p)
+        _zero_grads(params, roots, grads)  # as in training: each microbatch adds into them
         with whole:
             torch.autograd.backward(roots, grads, inputs=wrt)
     for t in wrt:
@@ -113,10 +116,32 @@ def count_layer(
     return count, _detached(outputs)
 
 
+def _zero_grads(params: list[Any], roots: list[Any], grads: Any) -> None:
+    """Zero gradients to accumulate into. A tensor-parallel shard's are made by one
+    uncounted backward and zeroed, so each has the layout its gradients arrive in (a
+    sequence-parallel norm's stays partial until the optimizer step reads it, as in a run:
+    no collective per microbatch)."""
+    if any(hasattr(p, "_local_tensor") for p in params) and params:
+        torch.autograd.backward(roots, grads, inputs=params, retain_graph=True)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+        return
+    for p in params:
+        p.grad = torch.zeros_like(p)
+
+
 def _storage_key(t: torch.Tensor) -> int:
     # Views and tensors saved twice share one storage; meta and fake storages have no data
     # pointer, so the storage object itself is the key (alive while the graph holds it).
-    return int(t.untyped_storage()._cdata)
+    return int(_local(t).untyped_storage()._cdata)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    # A tensor-parallel shard's DTensor holds this rank's part in its local tensor.
+    return getattr(t, "_local_tensor", t)
 
 
 def _detached(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """Loading a user's ``model.py`` (the contract's three functions) by path.
 
 ``build_model()`` and ``sample_batch(batch_size)`` are required, ``loss_fn(outputs, targets)``
-is optional (default: cross-entropy for integer targets, else mean squared error). Every
+is optional (default: cross-entropy for integer targets, else mean squared error), and so is
+``tp_plan()`` (which weights split across a tensor-parallel group: planner.profile.tp_plan). Every
 problem, including an exception raised by the user's code, becomes one :class:`InputError`
 line naming the file and the function at fault.
 
@@ -80,6 +81,7 @@ class UserModel:
     build_model: Callable[[], Any]
     sample_batch: Callable[[int], Any]
     loss_fn: Callable[[Any, Any], Any] | None
+    tp_plan: Callable[..., Any] | None = None
 
     def build(self) -> Any:
         """Call ``build_model()`` and check that it returns an ``nn.Module``."""
@@ -163,6 +165,36 @@ class UserModel:
             )
         return value
 
+    def tensor_parallel_plan(self, sequence_parallel: bool = False) -> Any:
+        """What model.py's optional ``tp_plan()`` returns (None without one), called as
+        ``tp_plan(sequence_parallel=True)`` for the sequence-parallel plan, which a
+        ``tp_plan()`` without that parameter cannot give (one InputError).
+
+        Example::
+
+            user.tensor_parallel_plan()   # {'blocks.*.qkv': 'colwise', ...}
+        """
+        fn = self.tp_plan
+        if fn is None:
+            return None
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        takes = "sequence_parallel" in params or any(
+            p.kind is p.VAR_KEYWORD for p in params.values()
+        )
+        if not takes:
+            if sequence_parallel:
+                raise InputError(
+                    "tp_plan() takes no sequence_parallel argument, so it gives no "
+                    "sequence-parallel plan; define tp_plan(sequence_parallel=False)",
+                    file=str(self.path),
+                    field="--sequence-parallel",
+                )
+            return self._call("tp_plan", fn)
+        return self._call("tp_plan", lambda: fn(sequence_parallel=sequence_parallel))
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         call = f"{what}({_show_args(args)})"
         try:
@@ -195,6 +227,7 @@ def load_model_file(path: str | os.PathLike[str]) -> UserModel:
     build = getattr(module, "build_model", None)
     sample = getattr(module, "sample_batch", None)
     loss = getattr(module, "loss_fn", None)
+    tp_plan = getattr(module, "tp_plan", None)
     for name, fn in (("build_model", build), ("sample_batch", sample)):
         if not callable(fn):
             raise InputError(
@@ -204,8 +237,10 @@ def load_model_file(path: str | os.PathLike[str]) -> UserModel:
             )
     if loss is not None and not callable(loss):
         raise InputError("expected loss_fn to be a function", file=str(source), field="loss_fn")
+    if tp_plan is not None and not callable(tp_plan):
+        raise InputError("expected tp_plan to be a function", file=str(source), field="tp_plan")
     assert build is not None and sample is not None  # checked above; for the type checker
-    return UserModel(source, model_name(source), digest, module, build, sample, loss)
+    return UserModel(source, model_name(source), digest, module, build, sample, loss, tp_plan)
 
 
 def check_model_path(path: str | os.PathLike[str]) -> Path:

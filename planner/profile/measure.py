@@ -18,7 +18,7 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   ``STEP`` does. The weights are restored afterwards.
 
 Times are medians of ``repeat`` runs after ``warmup`` runs; ``spread`` keeps the quartiles.
-Two timing methods (``timing``, recorded in ``meta["timing"]``):
+Two timing methods (``timing``, recorded in ``Profile.settings.timing``):
 
 - ``layer`` (the default on CPU): each layer measured in isolation as above, each interval
   timed on its own (on CUDA with events after a synchronisation);
@@ -72,6 +72,7 @@ from planner.profile.pass_timing import (
     time_calls,
 )
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
+from planner.profile.settings import ProfileSettings
 from planner.profile.tied import find_tied_parameters
 from planner.tensors import detach, tensors, to_device
 
@@ -190,14 +191,14 @@ def profile_model(
     On CPU, ``threads`` is pinned with ``torch.set_num_threads`` for the run (and restored).
     With one thread, intervals are that thread's CPU time (``time.thread_time``): on a shared
     machine, time other processes take the core from it is not charged to the layer. With
-    more threads, the wall clock. On CUDA, CUDA events. ``meta["clock"]`` records which.
+    more threads, the wall clock. On CUDA, CUDA events. ``Profile.settings.clock`` records which.
     ``capture`` picks torch.fx or torch.export (``auto``: see
-    :func:`planner.profile.split.capture_model`); ``meta["capture"]`` records which ran.
+    :func:`planner.profile.split.capture_model`); ``Profile.settings.capture`` records which ran.
     ``precision`` (``fp32``, ``bf16``, ``fp16``) runs every forward and the loss under
     ``torch.autocast`` (:mod:`planner.precision`), so activation and cut sizes come out in
     the autocast dtype; parameters, gradients and optimizer state stay fp32. ``timing``
     (``pass`` or ``layer``; None: ``pass`` on CUDA, ``layer`` on CPU) picks how layers are
-    timed (see the module docstring); ``meta["timing"]`` records it.
+    timed (see the module docstring); ``Profile.settings.timing`` records it.
 
     Example::
 
@@ -276,17 +277,18 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=optimizer,
         precision=settings.precision,
-        meta=_meta(settings, threads, split, time.perf_counter() - started, split_at)
-        | _batch_dependence(model),
+        meta=_meta(settings, split, time.perf_counter() - started),
         tied_parameters=find_tied_parameters(split),
+        settings=ProfileSettings(
+            capture=split.capture,
+            split_at=split_at,
+            threads=threads if settings.device.type == "cpu" else None,
+            clock=settings.clock,
+            timing=settings.timing,
+            # The modules that make the model's result depend on the microbatch size.
+            batch_dependent=tuple(batch_dependent_modules(model)),
+        ),
     )
-
-
-def _batch_dependence(model: Any) -> dict[str, Any]:
-    """``meta["batch_dependent"]``: the modules that make the model's result depend on the
-    microbatch size (:mod:`planner.profile.batch_dependence`), when there are any."""
-    names = batch_dependent_modules(model)
-    return {"batch_dependent": names} if names else {}
 
 
 def measure_layer(
@@ -823,7 +825,9 @@ def _tensor_bytes(value: Any) -> int:
 
 
 def _storage_key(t: Any) -> tuple[str, int]:
-    # Tensors sharing one storage (views, a value saved by two ops) are counted once.
+    # Tensors sharing one storage (views, a value saved by two ops) are counted once; a
+    # tensor-parallel shard's DTensor by its local tensor (planner.profile.shard_measure).
+    t = getattr(t, "_local_tensor", t)
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
@@ -900,9 +904,8 @@ def _dtype(model: Any) -> str:
     return "float32"
 
 
-def _meta(
-    settings: _Settings, threads: int, split: Any, seconds: float, split_at: str | None
-) -> dict[str, Any]:
+def _meta(settings: _Settings, split: Any, seconds: float) -> dict[str, Any]:
+    """The free facts of a measured profile (its settings are ``Profile.settings``)."""
     import torch
 
     host: dict[str, Any] = {
@@ -919,18 +922,12 @@ def _meta(
         "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "repeat": settings.repeat,
         "warmup": settings.warmup,
-        "split_at": split_at,
         "split_points": list(split.split_points),
-        "capture": split.capture,
         "wall_seconds": round(seconds, 2),
         "host": host,
         "allocator": keep_freed_memory(),
     }
-    meta["clock"] = settings.clock
-    meta["timing"] = settings.timing
-    if settings.device.type == "cpu":
-        meta["threads"] = threads
-    else:
+    if settings.device.type != "cpu":
         meta["gpu"] = torch.cuda.get_device_name(settings.device)
     return meta
 

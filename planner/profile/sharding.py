@@ -29,14 +29,31 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from planner.limits import MAX_COLLECTIVES, MAX_TENSOR_PARALLEL
+from planner.records import (
+    ByteCount,
+    Default,
+    Keys,
+    Kind,
+    Length,
+    Milliseconds,
+    Name,
+    OneOf,
+)
 
 __all__ = [
     "COLLECTIVE_OPS",
+    "DEGREES",
+    "PARAM_KEY",
     "PHASES",
+    "SHARD_KEY",
+    "TIMING_NAMES",
     "Collective",
     "ShardParams",
     "ShardTiming",
+    "Spread",
     "TensorParallelInfo",
     "parse_shard_key",
     "shard_key",
@@ -76,6 +93,53 @@ def parse_shard_key(key: str) -> tuple[int, bool] | None:
     return (degree, sp) if degree >= 2 else None
 
 
+TIMING_NAMES = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms")
+"""The timings of a layer (and of a shard) that a profile measures."""
+
+Spread = Annotated[
+    dict[str, Annotated[list[Milliseconds], Length(0, 2)]], Keys(OneOf(TIMING_NAMES))
+]
+"""Each timing's spread over the repeats: ``{"forward_ms": [p25, p75], ...}``."""
+
+
+class _ShardKey(Kind):
+    """The keys of a ``sharded`` object: a degree's (``tp2``), for timings also with
+    sequence parallelism (``tp2-sp``)."""
+
+    def __init__(self, *, params: bool) -> None:
+        example = "'tp2'" if params else "'tp2' or 'tp2-sp'"
+        super().__init__(f"a key like {example} (degrees 2 to {MAX_TENSOR_PARALLEL})")
+        self.params = params
+
+    def check(self, value: Any) -> Any:
+        parsed = parse_shard_key(str(value))
+        if parsed is None or parsed[0] > MAX_TENSOR_PARALLEL or (self.params and parsed[1]):
+            self.fail(value)
+        return value
+
+
+PARAM_KEY: Kind = _ShardKey(params=True)
+"""The keys of a layer's ``sharded`` parameters: ``tp2``, ``tp4``, ..."""
+
+SHARD_KEY: Kind = _ShardKey(params=False)
+"""The keys of a timing's ``sharded`` entries: ``tp2``, ``tp2-sp``, ..."""
+
+
+def _degrees(value: Any) -> tuple[int, ...]:
+    ok = isinstance(value, list) and 0 < len(value) <= 16 and len(set(value)) == len(value)
+    ok = ok and all(
+        isinstance(t, int) and not isinstance(t, bool) and 2 <= t <= MAX_TENSOR_PARALLEL
+        for t in value
+    )
+    if not ok:
+        DEGREES.fail(value)
+    return tuple(sorted(value))
+
+
+DEGREES = Kind(f"distinct degrees from 2 to {MAX_TENSOR_PARALLEL}", _degrees)
+"""A profile's tensor-parallel degrees: 1 to 16 distinct, read in increasing order."""
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective a layer's shard issues on its tensor-parallel group, per microbatch.
@@ -84,9 +148,9 @@ class Collective:
     ``"backward"``.
     """
 
-    op: str
-    bytes: int
-    phase: str
+    op: Annotated[str, OneOf(COLLECTIVE_OPS)]
+    bytes: ByteCount
+    phase: Annotated[str, OneOf(PHASES)]
 
     def ring_bytes(self, degree: int) -> float:
         """Bytes each rank sends (and receives) in a ring over ``degree`` ranks.
@@ -112,15 +176,15 @@ class ShardTiming:
     :class:`planner.profile.schema.LayerTiming`'s do, for one rank.
     """
 
-    forward_ms: float
-    backward_ms: float
-    backward_input_ms: float
-    backward_weight_ms: float
-    output_bytes: int
-    saved_bytes: int
-    workspace_bytes: int = 0
-    collectives: tuple[Collective, ...] = ()
-    spread: dict[str, list[float]] = field(default_factory=dict)
+    forward_ms: Milliseconds
+    backward_ms: Milliseconds
+    backward_input_ms: Milliseconds
+    backward_weight_ms: Milliseconds
+    output_bytes: ByteCount
+    saved_bytes: ByteCount
+    workspace_bytes: ByteCount = 0
+    collectives: Annotated[tuple[Collective, ...], Length(0, MAX_COLLECTIVES)] = ()
+    spread: Spread = field(default_factory=dict)
 
     def collective_bytes(self, phase: str) -> int:
         """The whole-tensor bytes of this shard's collectives in ``phase``.
@@ -154,10 +218,10 @@ class ShardParams:
     """One rank's share of a layer's parameters under a tensor-parallel degree (sharded
     weights divided, replicated ones, e.g. norms, whole)."""
 
-    param_count: int
-    param_bytes: int
-    optimizer_state_bytes: int
-    optimizer_ms: float = 0.0
+    param_count: ByteCount
+    param_bytes: ByteCount
+    optimizer_state_bytes: ByteCount
+    optimizer_ms: Milliseconds = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -177,9 +241,9 @@ class TensorParallelInfo:
     splits the weights came from (``"tp_plan"`` of model.py, ``"base_model_tp_plan"`` of a
     Hugging Face model)."""
 
-    degrees: tuple[int, ...]
-    sequence_parallel: bool
-    plan_source: str
+    degrees: Annotated[tuple[int, ...], DEGREES]
+    sequence_parallel: Annotated[bool, Default(False)]
+    plan_source: Annotated[Name, Default("")]
 
     def keys(self) -> list[str]:
         """Every timing key the profile holds per layer.

@@ -387,6 +387,7 @@ def capture_model(
     capture: str = "auto",
     source: str | os.PathLike[str] | None = None,
     dynamic_batch: bool = False,
+    module_calls: Sequence[str] = (),
 ) -> SplitModel:
     """Capture ``model``'s forward on the sample ``inputs`` and cut it into layers.
 
@@ -396,7 +397,9 @@ def capture_model(
     traces and its layers reproduce the model's output on ``inputs``, else export.
     ``dynamic_batch`` exports the first dimension of the inputs as a symbolic size, so the
     exported layers take any batch size too (``batch_size`` None); the analytic profiler
-    uses it to capture once for all its microbatch sizes.
+    uses it to capture once for all its microbatch sizes. ``module_calls`` names modules an
+    exported graph calls as modules instead of inlining their operations (torch.fx calls
+    every leaf module so): the tensor-parallel profiler shards them after the capture.
 
     Example::
 
@@ -425,7 +428,7 @@ def capture_model(
         except InputError:
             if capture == "fx":
                 raise
-    split = _export_split(model, inputs, split_at, source, dynamic_batch)
+    split = _export_split(model, inputs, split_at, source, dynamic_batch, module_calls)
     if split.capture == "export-eval" and not _reproduces(model, split, inputs):
         raise InputError(
             "torch.export stopped on a random branch in training mode, and the graph "
@@ -442,10 +445,13 @@ def _export_split(
     split_at: str | None,
     source: str | os.PathLike[str] | None,
     dynamic_batch: bool = False,
+    module_calls: Sequence[str] = (),
 ) -> SplitModel:
     with _naming(source):
         points = discover_split_points(model, split_at)
-        captured = export_graph(model, inputs, dynamic_batch=dynamic_batch)
+        captured = export_graph(
+            model, inputs, dynamic_batch=dynamic_batch, module_calls=module_calls
+        )
         plan = _plan(captured.graph, _export_run_key(points), _export_leaf(points), bool(points))
     last = len(plan.names) - 1
     layers: list[nn.Module] = [

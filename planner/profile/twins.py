@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["layer_signature"]
+__all__ = ["layer_signature", "values_signature"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -41,6 +41,19 @@ def layer_signature(layer: nn.Module, values: Sequence[Any]) -> Hashable | None:
         if graph is None:
             return None
         return (_value_signature(list(values)), _graph_signature(graph, _root_of(layer)))
+    except _Unique:
+        return None
+
+
+def values_signature(values: Sequence[Any]) -> Hashable | None:
+    """The shapes, strides and dtypes of the values entering a layer (None: not comparable).
+
+    Example::
+
+        values_signature((mask, hidden))
+    """
+    try:
+        return _value_signature(list(values))
     except _Unique:
         return None
 

@@ -16,11 +16,12 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from planner.plan import Plan
 from planner.profile.schema import Profile
+from planner.profile.settings import Calibration
 
 __all__ = ["calibrated_profile", "stage_ratios"]
 
@@ -68,14 +69,14 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
                 t.backward_input_ms *= rb
                 t.backward_weight_ms *= rb
                 t.spread = {}
-    note: dict[str, Any] = {
-        "plan_schedule": plan.schedule.name,
-        "microbatch_size": plan.microbatch_size,
-        "stage_ratios": {str(s): [round(f, 4), round(b, 4)] for s, (f, b) in ratios.items()},
+    note = Calibration(
+        plan_schedule=plan.schedule.name,
+        microbatch_size=plan.microbatch_size,
+        stage_ratios={str(s): [round(f, 4), round(b, 4)] for s, (f, b) in ratios.items()},
         # The profile has no field for it; simulate/solve take it as --step-ms.
-        "step_ms": round(
+        step_ms=round(
             max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0), 4
         ),
-    }
-    out.meta = dict(out.meta, calibrated=note)
+    )
+    out.settings = dataclasses.replace(out.settings, calibrated=note)
     return out

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from planner.runtime.comm import P2P, MessageKey, Pending, ValueSpec, message_key
+from planner.runtime.measured import MeasuredEvent
 from planner.schedule.actions import Action, ActionType
 
 if TYPE_CHECKING:
@@ -55,19 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["MeasuredEvent", "ProcessExecutor", "StepResult"]
 
 _T = ActionType
-
-
-@dataclass
-class MeasuredEvent:
-    """One executed action: times in ms from the start of the step."""
-
-    device: str
-    kind: str
-    stage: int
-    microbatch: int
-    start_ms: float
-    end_ms: float
-    iteration: int = 0  # ALLREDUCE/STEP: which occurrence (an iteration of a 2bw stream)
 
 
 @dataclass

@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError, RunFailed
 from planner.profile.isolated import child_env, stop_process_group
 from planner.profile.stack_dump import ask_for_stack, read_dump, where_in
+from planner.records import read_record, record_dict
 from planner.runtime.environment import TORCHRUN_VARIABLES, torchrun_env
+from planner.runtime.measured import RunResult
 
 if TYPE_CHECKING:
     from planner.runtime.settings import WorkerConfig
@@ -96,19 +98,19 @@ def in_torchrun() -> bool:
 
 def launch_local(
     config: WorkerConfig, world_size: int, *, timeout_s: float, model_shown: str | None = None
-) -> dict[str, Any]:
+) -> RunResult:
     """Spawn ``world_size`` workers on ``config`` and wait; rank 0's gathered result.
     ``model_shown``: the model file as the user named it, for the error lines.
 
     Example::
 
         result = launch_local(config, 2, timeout_s=60)
-        result["ranks"][0]["step_seconds"]
+        result.ranks[0].step_seconds
     """
     run_dir = Path(config.run_dir)
     config = dataclasses.replace(config, init_method=f"tcp://127.0.0.1:{free_port()}")
     path = run_dir / "config.json"
-    path.write_text(json.dumps(config.to_dict()))
+    path.write_text(json.dumps(record_dict(config)))
     env = worker_env()
     procs: list[subprocess.Popen[Any]] = []
     try:
@@ -140,8 +142,7 @@ def launch_local(
     result_path = run_dir / "result.json"
     if not result_path.exists():  # pragma: no cover - rank 0 finished without a result
         raise RunFailed("rank 0 finished without writing its result")
-    result: dict[str, Any] = json.loads(result_path.read_text())
-    return result
+    return read_record(RunResult, json.loads(result_path.read_text()), file=str(result_path))
 
 
 def _watch(

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.plan_inputs import resimulate
-from planner.profile.analytic import analytic_info
 from planner.profile.batch_dependence import batch_dependence_warning
 from planner.render import render_trace
 from planner.runtime.calibrate import stage_ratios
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from planner.plan import Plan
+    from planner.runtime.measured import RunResult
+    from planner.runtime.placement import Placement
 
 __all__ = [
     "explain_gap",
@@ -194,16 +196,16 @@ def note_prediction_source(report: RunReport, profile: Any) -> None:
         note_prediction_source(report, load_profile("profiles/gpt-h100.json"))
         report.prediction_source     # 'analytic (h100-sxm)'
     """
-    info = analytic_info(profile)
+    info = profile.settings.analytic
     if info is None:
         report.prediction_source = "measured"
         return
-    gpu = info.get("gpu", {}).get("name", "?")
-    if profile.meta.get("calibrated"):  # --calibrate scaled its times to a run's
+    gpu = info.gpu.name
+    if profile.settings.calibrated is not None:  # --calibrate scaled its times to a run's
         report.prediction_source = f"analytic ({gpu}), calibrated by a run"
         return
     report.prediction_source = f"analytic ({gpu})"
-    efficiency = ", ".join(f"{k} {v:g}" for k, v in dict(info.get("efficiency", {})).items())
+    efficiency = ", ".join(f"{k} {v:g}" for k, v in info.efficiency.to_dict().items())
     report.notes = [
         *report.notes,
         f"the prediction is analytic: its per-layer times are a roofline of {gpu}'s peaks "
@@ -214,10 +216,10 @@ def note_prediction_source(report: RunReport, profile: Any) -> None:
 
 
 def build_report(
-    result: dict[str, Any],
+    result: RunResult,
     *,
     plan: Plan,
-    placement: Any,
+    placement: Placement,
     steps: int,
     warmup: int,
     notes: list[str],
@@ -229,34 +231,32 @@ def build_report(
         report = build_report(result, plan=plan, placement=placement, steps=5, warmup=1,
                               notes=[])
     """
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    ranks = sorted(result.ranks, key=lambda r: r.rank)
     step_ms = [
-        max(r["step_seconds"][i] for r in ranks) * 1e3 for i in range(len(ranks[0]["step_seconds"]))
+        max(r.step_seconds[i] for r in ranks) * 1e3 for i in range(len(ranks[0].step_seconds))
     ]
     m = plan.num_microbatches
-    total_steps = len(ranks[0]["losses"])
+    total_steps = len(ranks[0].losses)
     losses = []
     for i in range(total_steps):
-        values = [x for r in ranks for x in r["losses"][i]]
+        values = [x for r in ranks for x in r.losses[i]]
         losses.append(sum(values) / m)
     where = {}
     memory: dict[str, int] = {}
     for r in ranks:
-        for d in r["devices"]:
-            where[d] = f"rank {r['rank']} ({r['torch_device']})"
-            memory[d] = int(r["peak_memory_bytes"])
+        for d in r.devices:
+            where[d] = f"rank {r.rank} ({r.torch_device})"
+            memory[d] = int(r.peak_memory_bytes)
     stage_ms: dict[str, float] = {}
     for r in ranks:
-        for k, v in r["stage_ms"].items():
+        for k, v in r.stage_ms.items():
             stage_ms[k] = max(stage_ms.get(k, 0.0), float(v))
-    events = [ev for r in ranks for ev in r["events"]]
+    events = [dataclasses.asdict(ev) for r in ranks for ev in r.events]
     pred = plan.predicted
     predicted = pred.iteration_ms if pred is not None else None
     step = max((v for k, v in stage_ms.items() if k.startswith("STEP")), default=0.0)
-    step_predicted = bool(pred is not None and pred.step_ms) or bool(
-        plan.schedule.meta.get("step_ms")
-    )
-    warning = batch_dependence_warning(ranks[0].get("batch_dependent") or [])
+    step_predicted = bool(pred is not None and pred.step_ms) or bool(plan.step_ms)
+    warning = batch_dependence_warning(ranks[0].batch_dependent)
     if warning is not None:  # the model's result depends on the microbatch size
         notes = [*notes, f"warning: {warning}"]
     if predicted and step > 0.05 * float(predicted) and not step_predicted:
@@ -281,13 +281,13 @@ def build_report(
         predicted_iteration_ms=float(predicted) if predicted else None,
         losses=losses,
         peak_memory_bytes=memory,
-        memory_kind=ranks[0]["memory_kind"],
+        memory_kind=ranks[0].memory_kind,
         stage_ms=dict(sorted(stage_ms.items())),
         events=events,
         predicted_memory_bytes=dict(pred.memory_bytes) if pred is not None else {},
         notes=notes,
-        precision=str(ranks[0].get("precision", "fp32")),
-        skipped_steps=[i for i, skip in enumerate(ranks[0].get("skipped", [])) if skip],
+        precision=ranks[0].precision,
+        skipped_steps=[i for i, skip in enumerate(ranks[0].skipped) if skip],
     )
 
 

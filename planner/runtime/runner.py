@@ -37,12 +37,13 @@ from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
 from planner.precision import check_fp16_schedule, check_precision
 from planner.profile.loader import check_model_path
+from planner.profile.model_check import ProfiledSplit, check_source
 from planner.profile.schema import load_profile
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env, wait_for_rendezvous
 from planner.runtime.launch import launch_local
 from planner.runtime.placement import Placement, place
 from planner.runtime.report import RunReport, build_report, explain_gap
-from planner.runtime.settings import RunSettings, WorkerConfig
+from planner.runtime.settings import RunSettings, Training, WorkerConfig
 from planner.runtime.worker import stream_2bw, worker_main
 from planner.schedule import as_stream, validate_schedule
 from planner.simulate import simulate
@@ -146,22 +147,14 @@ def check_plan(
     else:
         check_unchanged(found, plan.profile, "profile", where)
         profile = load_profile(found)
-        if profile.source_sha256 and profile.source_sha256 != source_sha256:
-            raise InputError(
-                f"this model.py is not the one profiled for the plan (its sha256 "
-                f"{source_sha256[:12]} differs from the profile's "
-                f"{profile.source_sha256[:12]}); profile and solve again, or pass the right "
-                "--model",
-                file=str(model_path),
-                field="source_sha256",
-            )
+        check_source(str(model_path), source_sha256, profile)
         settings.profile, settings.profile_path = profile, str(found)
-        settings.optimizer = profile.optimizer
-        settings.split_at = profile.meta.get("split_at")
-        settings.capture = profile.meta.get("capture") or "fx"  # older profiles: fx only
-        settings.precision = profile.precision
-        settings.threads = profile.meta.get("threads")
-        settings.layer_names = [layer.name for layer in profile.layers]
+        settings.training = Training(
+            optimizer=profile.optimizer,
+            precision=profile.precision,
+            threads=profile.settings.threads,
+            split=ProfiledSplit.of(profile),
+        )
     return settings
 
 
@@ -179,9 +172,9 @@ def run_precision(
 
     Example::
 
-        run_precision(RunSettings(6, precision="bf16"), None, schedule=plan.schedule)  # 'bf16'
+        run_precision(RunSettings(6, Training(precision="bf16")), None)    # 'bf16'
     """
-    profiled = settings.precision
+    profiled = settings.training.precision if settings.profile_path is not None else None
     if asked is not None:
         check_precision(asked)
         if profiled is not None and asked != profiled:
@@ -191,7 +184,7 @@ def run_precision(
                 file=plan_source,
                 field="--precision",
             )
-    chosen = str(asked or profiled or "fp32")
+    chosen = str(asked or settings.training.precision)
     if schedule is not None:
         check_fp16_schedule(chosen, schedule.name, schedule.flush, file=plan_source)
     return chosen
@@ -266,25 +259,20 @@ def worker_config(
                                timeout_s=60, run_dir="/tmp/run")
     """
     check_stream(plan, steps + warmup, plan_source)
+    training = settings.training
     if threads is None:
-        threads = settings.threads or max(1, (os.cpu_count() or 1) // placement.world_size)
+        threads = training.threads or max(1, (os.cpu_count() or 1) // placement.world_size)
     return WorkerConfig(
         plan=plan,
-        plan_source=plan_source or "<plan>",
         model=str(Path(model_path).resolve()),
         placement=placement,
         steps=steps,
         warmup=warmup,
         timeout_s=timeout_s,
         run_dir=run_dir,
-        threads=int(threads),
-        optimizer=settings.optimizer,
-        split_at=settings.split_at,
-        capture=settings.capture,
-        precision=settings.precision or "fp32",
+        training=dataclasses.replace(training, threads=int(threads)),
         lr=lr,
         return_params=return_params,
-        layer_names=settings.layer_names,
     )
 
 
@@ -348,8 +336,10 @@ def run_plan(
         plan, model_path, device=device, device_map=device_map, plan_source=plan_source
     )
     if optimizer is not None:  # checked here, before any process starts
-        settings.optimizer = check_optimizer(optimizer, field="optimizer")
-    settings.precision = run_precision(settings, precision, plan_source, schedule=plan.schedule)
+        optimizer = check_optimizer(optimizer, field="optimizer")
+        settings.training = dataclasses.replace(settings.training, optimizer=optimizer)
+    chosen = run_precision(settings, precision, plan_source, schedule=plan.schedule)
+    settings.training = dataclasses.replace(settings.training, precision=chosen)
     parse_fault(os.environ.get(FAULT_ENV), placement.world_size)  # before any process starts
     run_dir = tempfile.mkdtemp(prefix="pipeplan-run-")
     try:
@@ -456,7 +446,8 @@ def run_this_rank(
     plan, settings, placement = prepare_run(
         plan_path, model_path, device=device, world_size=world, plan_source=source
     )
-    settings.precision = run_precision(settings, precision, source, schedule=plan.schedule)
+    chosen = run_precision(settings, precision, source, schedule=plan.schedule)
+    settings.training = dataclasses.replace(settings.training, precision=chosen)
     run_dir = tempfile.mkdtemp(prefix=f"pipeplan-run-{rank}-")
     parameters = None
     try:

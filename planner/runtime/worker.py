@@ -24,13 +24,15 @@ failure is a failed run (exit 1).
 
 Example::
 
-    config = WorkerConfig.from_dict(json.loads(Path(run_dir, "config.json").read_text()))
+    config = read_record(WorkerConfig, json.loads(Path(run_dir, "config.json").read_text()),
+                         file="config.json")
     worker_main(rank=0, config=config)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -51,10 +53,13 @@ from planner.precision import autocast
 from planner.profile.batch_dependence import batch_dependent_modules
 from planner.profile.isolated import die_with_parent
 from planner.profile.loader import load_model_file
+from planner.profile.model_check import check_split
 from planner.profile.stack_dump import record_stacks
 from planner.profile.tied import find_tied_parameters
+from planner.records import read_record, record_dict
 from planner.runtime.comm import P2P, cut_specs, message_order
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
+from planner.runtime.measured import MeasuredEvent, RankResult, RunResult
 from planner.runtime.placement import Placement
 from planner.runtime.settings import WorkerConfig
 from planner.schedule import as_stream
@@ -83,7 +88,7 @@ def worker_entry(rank: int, config_path: str, parent_pid: int | None = None) -> 
     record_stacks(run_dir / f"crash-{rank}.txt", run_dir / f"stack-{rank}.txt")
     with handle_signals():  # a KeyboardInterrupt is then the user code's own
         try:
-            worker_main(rank, WorkerConfig.from_dict(raw))
+            worker_main(rank, read_record(WorkerConfig, raw, file=config_path))
             (run_dir / f"done-{rank}").write_text("")
         except BaseException as exc:  # report every failure, then end this process at once
             _write_error(run_dir, rank, raw["placement"], exc)
@@ -100,7 +105,7 @@ def _flush() -> None:
 
 
 def _write_error(run_dir: Path, rank: int, placement: Any, exc: BaseException) -> None:
-    devices = Placement.from_dict(placement).devices_of(rank)
+    devices = read_record(Placement, placement, file=None).devices_of(rank)
     bad_input = None
     if isinstance(exc, InputError):
         text = exc.one_line()
@@ -176,14 +181,14 @@ class _Measured:
     step_seconds: list[float] = field(default_factory=list)
     losses: list[list[float]] = field(default_factory=list)
     stage_samples: dict[str, list[float]] = field(default_factory=dict)
-    last_events: list[dict[str, Any]] = field(default_factory=list)
+    last_events: list[MeasuredEvent] = field(default_factory=list)
 
 
-def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
+def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
     """Run this rank's share of the plan; rank 0 returns (and writes) the gathered result.
 
     ``config`` is what :func:`planner.runtime.runner.worker_config` builds (its plan read
-    and validated once, by ``WorkerConfig.from_dict`` or the caller).
+    and validated once, by ``read_record(WorkerConfig, ...)`` or the caller).
 
     Example::
 
@@ -199,7 +204,7 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
     _heartbeat(run_dir, rank, LOADING)
 
     plan, schedule = config.plan, config.plan.schedule
-    precision = config.precision
+    precision, expected = config.training.precision, config.training.split
 
     def mixed() -> Any:  # every forward and loss under the profile's autocast
         return autocast(device.type, precision)
@@ -212,13 +217,10 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
         batch_dependent = batch_dependent_modules(model)  # the report warns (BatchNorm)
         sample_inputs, _ = user.batch(plan.microbatch_size)
         split = capture_model(
-            model,
-            sample_inputs,
-            config.split_at,
-            capture=config.capture,
-            source=config.model,
+            model, sample_inputs, expected.split_at, capture=expected.capture, source=config.model
         )
-        _check_layers(split, config)
+        covered = max(s.last for s in plan.stages) + 1
+        check_split(split, expected, model=config.model, covered=covered)
         # What crosses each cut, in the dtypes the stages will produce: one pass under this
         # device's autocast (a message of another dtype would stop the run at its send).
         with mixed():
@@ -238,52 +240,33 @@ def worker_main(rank: int, config: WorkerConfig) -> dict[str, Any] | None:
     with _model_code(config.model, training=True):
         measured = _train(rank, run_dir, executor, batches, stages.stream, config, control, plan)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else _max_rss()
-    mine: dict[str, Any] = {
-        "rank": rank,
-        "devices": placement.devices_of(rank),
-        "torch_device": str(device),
-        "step_seconds": measured.step_seconds,
-        "losses": measured.losses,
-        "events": measured.last_events,
-        "stage_ms": {k: statistics.median(v) for k, v in measured.stage_samples.items()},
-        "stage_count": {k: len(v) for k, v in measured.stage_samples.items()},
-        "peak_memory_bytes": peak,
-        "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "max_rss",
-        "precision": precision,
-        "skipped": scaler.skipped if scaler is not None else [],
-        "batch_dependent": batch_dependent,
-    }
+    mine = RankResult(
+        rank=rank,
+        devices=placement.devices_of(rank),
+        torch_device=str(device),
+        step_seconds=measured.step_seconds,
+        losses=measured.losses,
+        events=measured.last_events,
+        stage_ms={k: statistics.median(v) for k, v in measured.stage_samples.items()},
+        stage_count={k: len(v) for k, v in measured.stage_samples.items()},
+        peak_memory_bytes=peak,
+        memory_kind="cuda_max_allocated" if device.type == "cuda" else "max_rss",
+        precision=precision,
+        skipped=list(scaler.skipped) if scaler is not None else [],
+        batch_dependent=batch_dependent,
+    )
     return _gather(rank, run_dir, config, placement, stages, mine, control)
 
 
-def _check_layers(split: Any, config: WorkerConfig) -> None:
-    """The model splits into the profile's layers, as many as the plan's stages cover."""
-    names = config.layer_names
-    if names is not None and list(split.names) != list(names):
-        raise InputError(
-            f"the model splits into {split.num_layers} layers {split.names[:4]}... but the "
-            f"profile has {len(names)} {names[:4]}...; profile again",
-            file=config.model,
-            field="layers",
-        )
-    covered = max(s.last for s in config.plan.stages) + 1
-    if covered != split.num_layers:
-        raise InputError(
-            f"the plan's stages cover {covered} layers but the model splits "
-            f"into {split.num_layers}",
-            file=config.model,
-            field="stages",
-        )
-
-
-def _init_process(rank: int, config: WorkerConfig, placement: Any) -> tuple[Any, Any]:
+def _init_process(rank: int, config: WorkerConfig, placement: Placement) -> tuple[Any, Any]:
     """Threads, allocator, this rank's device and the process group; returns the device and
     the gloo group for control messages (None: the default group is gloo already)."""
     import torch
     import torch.distributed as dist
 
     keep_freed_memory()  # as the profiler did: see planner.allocator
-    torch.set_num_threads(config.threads)
+    assert config.training.threads is not None  # worker_config always sets them
+    torch.set_num_threads(config.training.threads)
     env = torchrun_env() if config.init_method in (None, "env://") else None
     if placement.device_type == "cuda":
         local = env.local_rank if env is not None else None
@@ -307,7 +290,7 @@ def _build_stages(
     config: WorkerConfig,
     plan: Plan,
     schedule: Any,
-    placement: Any,
+    placement: Placement,
     split: Any,
     names: dict[int, str],
     user: Any,
@@ -339,7 +322,7 @@ def _build_stages(
         is_last = spec.id == len(plan.stages) - 1
         params = [p for p in module.parameters() if p.requires_grad]
         kind = StreamedTwoBW if stream else TwoBufferedWeights if two_bw else PlainStep
-        out.steppers[spec.id] = kind(params, config.optimizer, config.lr)
+        out.steppers[spec.id] = kind(params, config.training.optimizer, config.lr)
         out.runtimes[spec.id] = StageRuntime(
             module,
             stage_id=spec.id,
@@ -356,7 +339,7 @@ def _executor(
     rank: int,
     config: WorkerConfig,
     plan: Plan,
-    placement: Any,
+    placement: Placement,
     split: Any,
     stages: _Stages,
     specs: Any,
@@ -386,7 +369,7 @@ def _executor(
     # fp16: the loss scale, and the group of every rank that agrees on overflows (created
     # on every rank, after the tie groups).
     scaler, scale_group = None, None
-    if config.precision == "fp16":
+    if config.training.precision == "fp16":
         scaler = AgreedLossScaler(device)
         if placement.world_size > 1:
             scale_group = dist.new_group(list(range(placement.world_size)))
@@ -485,7 +468,7 @@ def _train(
             for ev in result.events:
                 key = f"{ev.kind}{ev.stage}"
                 out.stage_samples.setdefault(key, []).append(ev.end_ms - ev.start_ms)
-            out.last_events = [ev.__dict__ for ev in result.events]
+            out.last_events = list(result.events)
     dist.barrier(group=control)
     return out
 
@@ -494,11 +477,11 @@ def _gather(
     rank: int,
     run_dir: Path,
     config: WorkerConfig,
-    placement: Any,
+    placement: Placement,
     stages: _Stages,
-    mine: dict[str, Any],
+    mine: RankResult,
     control: Any,
-) -> dict[str, Any] | None:
+) -> RunResult | None:
     """Rank 0 gathers every rank's figures (and parameters) and writes them; all return."""
     import torch
     import torch.distributed as dist
@@ -516,8 +499,8 @@ def _gather(
         dist.gather_object(trained, gathered_params if rank == 0 else None, dst=0, group=control)
     out = None
     if rank == 0:
-        out = {"ranks": gathered}
-        (run_dir / "result.json").write_text(json.dumps(out))
+        out = RunResult(gathered)
+        (run_dir / "result.json").write_text(json.dumps(record_dict(out)))
         if config.return_params:
             merged: dict[str, Any] = {}
             for part in gathered_params:
@@ -529,9 +512,11 @@ def _gather(
     return out
 
 
-def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, bool]:
+def stream_2bw(
+    schedule: Any, stages: Any, num_microbatches: int, iterations: int
+) -> tuple[Any, bool]:
     """A schedule without a flush: when the plan's lists are its generator's, run its
-    continuous stream of ``total`` iterations (iteration i+1 starts while i drains), as 2BW
+    continuous stream of ``iterations`` iterations (iteration i+1 starts while i drains), as 2BW
     does (:func:`planner.schedule.as_stream`).
 
     Returns ``(device action lists, True)``, or the plan's own lists and False.
@@ -540,39 +525,41 @@ def stream_2bw(schedule: Any, stages: Any, m: int, total: int) -> tuple[Any, boo
 
         actions, stream = stream_2bw(schedule, plan.stages, plan.num_microbatches, 10)
     """
-    stream = as_stream(schedule, stages, total)
+    stream = as_stream(schedule, stages, iterations)
     if stream is None:
         return schedule.devices, False  # a hand-made order: run it as given, step by step
     return stream.devices, True
 
 
 def _split_stream(
-    result: Any, m: int, warmup: int, total: int
-) -> tuple[list[float], list[list[float]], dict[str, list[float]], list[dict[str, Any]]]:
+    result: Any, num_microbatches: int, warmup: int, iterations: int
+) -> tuple[list[float], list[list[float]], dict[str, list[float]], list[MeasuredEvent]]:
     """Per-iteration figures of one 2bw stream: an iteration ends with this rank's last STEP
     of it; the measured events are those of the last iteration."""
-    ends = [0.0] * total
+    ends = [0.0] * iterations
     for ev in result.events:
         if ev.kind == "STEP":
             ends[ev.iteration] = max(ends[ev.iteration], ev.end_ms)
-    for i in range(1, total):
+    for i in range(1, iterations):
         ends[i] = max(ends[i], ends[i - 1])
     bounds = [0.0, *ends]
-    seconds = [(bounds[i + 1] - bounds[i]) / 1e3 for i in range(warmup, total)]
-    losses: list[list[float]] = [[] for _ in range(total)]
+    seconds = [(bounds[i + 1] - bounds[i]) / 1e3 for i in range(warmup, iterations)]
+    losses: list[list[float]] = [[] for _ in range(iterations)]
     for k, value in zip(result.loss_microbatches, result.losses, strict=True):
-        losses[k // m].append(value)
+        losses[k // num_microbatches].append(value)
 
     def iteration(ev: Any) -> int:
-        return ev.microbatch // m if ev.microbatch >= 0 else ev.iteration
+        return ev.microbatch // num_microbatches if ev.microbatch >= 0 else ev.iteration
 
     samples: dict[str, list[float]] = {}
     for ev in result.events:
         if iteration(ev) >= warmup:
             samples.setdefault(f"{ev.kind}{ev.stage}", []).append(ev.end_ms - ev.start_ms)
-    last = [ev for ev in result.events if iteration(ev) == total - 1]
+    last = [ev for ev in result.events if iteration(ev) == iterations - 1]
     t0 = min((ev.start_ms for ev in last), default=0.0)
-    events = [dict(ev.__dict__, start_ms=ev.start_ms - t0, end_ms=ev.end_ms - t0) for ev in last]
+    events = [
+        dataclasses.replace(ev, start_ms=ev.start_ms - t0, end_ms=ev.end_ms - t0) for ev in last
+    ]
     return seconds, losses, samples, events
 
 

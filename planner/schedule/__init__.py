@@ -155,14 +155,14 @@ def checked_virtual_stages(
 
 @functools.lru_cache(maxsize=64)
 def _validated_order(
-    name: str, m: int, v: int, iterations: int, groups: tuple[tuple[str, ...], ...]
+    name: str, num_microbatches: int, v: int, iterations: int, groups: tuple[tuple[str, ...], ...]
 ) -> dict[int, list[ComputeOp]]:
     """The family's order for these device groups (one per stage), validated; cached
     because the solver simulates many partitions of the same shape (the order depends
     only on the devices, not the layers)."""
-    order = family(name).order([len(g) for g in groups], m, v, iterations)
+    order = family(name).order([len(g) for g in groups], num_microbatches, v, iterations)
     shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
-    validate_order(order, shape, m * iterations)
+    validate_order(order, shape, num_microbatches * iterations)
     return order
 
 

@@ -74,12 +74,12 @@ PLACEMENTS: Mapping[str, Callable[[int, int], int]] = MappingProxyType(
 )
 
 
-def _repeat(order: Order, m: int, iterations: int) -> Order:
+def _repeat(order: Order, num_microbatches: int, iterations: int) -> Order:
     """The same order ``iterations`` times (with a flush between), microbatches renumbered."""
     if iterations == 1:
         return order
     return {
-        rank: [(kind, s, k + i * m) for i in range(iterations) for kind, s, k in ops]
+        rank: [(kind, s, k + i * num_microbatches) for i in range(iterations) for kind, s, k in ops]
         for rank, ops in order.items()
     }
 
@@ -88,56 +88,60 @@ def _flushed(one: Callable[[int, int], Order]) -> Generator:
     """A flushing generator over replicated stages: one schedule per pipeline replica
     (:mod:`planner.schedule.replicas`), iterations one after the other."""
 
-    def order(p: int, m: int, v: int, iterations: int, rounds: int) -> Order:
-        n = round_count(m, rounds)
-        return _repeat(per_replica_order(one(p, n), rounds, m), m, iterations)
+    def order(p: int, num_microbatches: int, v: int, iterations: int, rounds: int) -> Order:
+        n = round_count(num_microbatches, rounds)
+        return _repeat(
+            per_replica_order(one(p, n), rounds, num_microbatches), num_microbatches, iterations
+        )
 
     return order
 
 
-def _interleaved(p: int, m: int, v: int, iterations: int, rounds: int) -> Order:
-    n = round_count(m, rounds)
+def _interleaved(p: int, num_microbatches: int, v: int, iterations: int, rounds: int) -> Order:
+    n = round_count(num_microbatches, rounds)
     base = onef1b_order(p, n) if v == 1 else interleaved_order(p // v, v, n)
-    return per_replica_order(base, rounds, m)
+    return per_replica_order(base, rounds, num_microbatches)
 
 
-def _stream(p: int, m: int, v: int, iterations: int, rounds: int) -> Order:
+def _stream(p: int, num_microbatches: int, v: int, iterations: int, rounds: int) -> Order:
     """2BW: the 1F1B order as one continuous stream of iterations. A warm-up deeper than an
     iteration would run the forwards of iteration i + 2 before iteration i's step made
     their weights (2BW keeps two versions), so it is capped at one iteration."""
-    n = round_count(m, rounds)
+    n = round_count(num_microbatches, rounds)
     warmup = [min(default_warmup(p, s), n) for s in range(p)]
-    return per_replica_order(onef1b_order(p, n, warmup=warmup, iterations=iterations), rounds, m)
+    return per_replica_order(
+        onef1b_order(p, n, warmup=warmup, iterations=iterations), rounds, num_microbatches
+    )
 
 
-def _held_all(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
-    return m  # GPipe stashes every microbatch
+def _held_all(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
+    return num_microbatches  # GPipe stashes every microbatch
 
 
-def _held_1f1b(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
-    return min((p - s) * r, m)
+def _held_1f1b(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
+    return min((p - s) * r, num_microbatches)
 
 
-def _held_zb(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
-    return min(p * r, m)
+def _held_zb(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
+    return min(p * r, num_microbatches)
 
 
-def _held_interleaved(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
+def _held_interleaved(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
     # p: the devices, s: the device's rank; chunk-microbatches over all v chunks.
     if v == 1:
-        return min((p - s) * r, m)
+        return min((p - s) * r, num_microbatches)
     return min(2 * (p - s - 1) + (v - 1) * p + 1, n * v) * r
 
 
-def _held_stream(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
+def _held_stream(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
     # No flush: the next iteration's microbatches keep the pipeline full; the warm-up is
     # capped at one iteration, so w + 1 consecutive rounds of the stream are held.
     held = min(p - s, n + 1)
-    return held * r if held < n else m + (held - n) * r
+    return held * r if held < n else num_microbatches + (held - n) * r
 
 
-def _held_searched(p: int, s: int, m: int, v: int, r: int, n: int) -> int:
-    return min(p - s, m)  # 1F1B's count, the depth the search starts from
+def _held_searched(p: int, s: int, num_microbatches: int, v: int, r: int, n: int) -> int:
+    return min(p - s, num_microbatches)  # 1F1B's count, the depth the search starts from
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ simulator times the same order.
 
 Example::
 
-    devices = defer_tied_steps(schedule.devices, holding=frozenset({0, 2, 3}), m=4)
+    devices = defer_tied_steps(schedule.devices, holding=frozenset({0, 2, 3}), num_microbatches=4)
 """
 
 from __future__ import annotations
@@ -30,20 +30,25 @@ _GRADS = (ActionType.B, ActionType.I, ActionType.W)
 
 
 def defer_tied_steps(
-    devices: Mapping[str, Sequence[Action]], holding: frozenset[int], m: int
+    devices: Mapping[str, Sequence[Action]], holding: frozenset[int], num_microbatches: int
 ) -> dict[str, list[Action]]:
     """Each device's actions with every STEP of a stage in ``holding`` after the device's
-    last backward action or all-reduce of the same iteration (``m`` microbatches each).
+    last backward action or all-reduce of the same iteration (``num_microbatches`` each).
 
     Example::
 
         defer_tied_steps({"d": [B0.0, STEP2, B2.0]}, frozenset({0, 2}), 1)  # B0.0 B2.0 STEP2
     """
-    return {dev: _defer(dev, list(actions), holding, m) for dev, actions in devices.items()}
+    return {
+        dev: _defer(dev, list(actions), holding, num_microbatches)
+        for dev, actions in devices.items()
+    }
 
 
-def _defer(dev: str, actions: list[Action], holding: frozenset[int], m: int) -> list[Action]:
-    last = _iteration_ends(actions, m)
+def _defer(
+    dev: str, actions: list[Action], holding: frozenset[int], num_microbatches: int
+) -> list[Action]:
+    last = _iteration_ends(actions, num_microbatches)
     moved: dict[int, list[Action]] = {}  # position -> STEPs to run right after it
     out: list[Action] = []
     steps: dict[int, int] = {}
@@ -69,14 +74,14 @@ def _defer(dev: str, actions: list[Action], holding: frozenset[int], m: int) -> 
     return out
 
 
-def _iteration_ends(actions: list[Action], m: int) -> dict[int, int]:
+def _iteration_ends(actions: list[Action], num_microbatches: int) -> dict[int, int]:
     """Per iteration, the position of the device's last B, I, W or ALLREDUCE of it, or of
     the sends that directly follow it (the gradient it sends on)."""
     last: dict[int, int] = {}
     reduces: dict[int, int] = {}
     for pos, a in enumerate(actions):
         if a.kind in _GRADS:
-            last[a.microbatch // m] = pos
+            last[a.microbatch // num_microbatches] = pos
         elif a.kind is ActionType.ALLREDUCE:
             iteration = reduces.get(a.stage, 0)
             reduces[a.stage] = iteration + 1

@@ -35,7 +35,7 @@ __all__ = ["batch_settings", "check_args", "check_batch_settings"]
 def batch_settings(
     profile: Profile,
     global_batch: int | None,
-    microbatches: int | None,
+    num_microbatches: int | None,
     num_devices: int,
 ) -> list[tuple[int, int]]:
     """(microbatch size, number of microbatches) pairs to search.
@@ -45,20 +45,20 @@ def batch_settings(
         batch_settings(profile, None, 8, 4)  # [(mb, 8) for every profiled size mb]
     """
     sizes = profile.microbatch_sizes
-    if global_batch is not None and microbatches is not None:
-        if global_batch % microbatches:
+    if global_batch is not None and num_microbatches is not None:
+        if global_batch % num_microbatches:
             raise InputError(
-                f"global batch {global_batch} is not divisible by {microbatches} microbatches",
+                f"global batch {global_batch} is not divisible by {num_microbatches} microbatches",
                 field="--global-batch",
             )
-        mb = global_batch // microbatches
+        mb = global_batch // num_microbatches
         if mb not in sizes:
             raise InputError(
-                f"global batch {global_batch} / {microbatches} microbatches = microbatch size "
+                f"global batch {global_batch} / {num_microbatches} microbatches = microbatch size "
                 f"{mb}, which was not profiled; profiled sizes are {sizes}",
                 field="--microbatches",
             )
-        return [(mb, microbatches)]
+        return [(mb, num_microbatches)]
     if global_batch is not None:
         pairs = [(mb, global_batch // mb) for mb in sizes if global_batch % mb == 0]
         if not pairs:
@@ -68,7 +68,7 @@ def batch_settings(
                 field="--global-batch",
             )
         return pairs
-    m = microbatches if microbatches is not None else max(4, 2 * num_devices)
+    m = num_microbatches if num_microbatches is not None else max(4, 2 * num_devices)
     return [(mb, m) for mb in sizes]
 
 
@@ -94,7 +94,7 @@ def check_batch_settings(
 def check_args(
     topology: Topology,
     global_batch: int | None,
-    microbatches: int | None,
+    num_microbatches: int | None,
     schedule: str,
     time_limit: float,
 ) -> None:
@@ -111,13 +111,13 @@ def check_args(
             f"expected a positive number of seconds, got {time_limit}", field="--time-limit"
         )
     check_number(time_limit, field="--time-limit", high=MAX_TIME_LIMIT_S, unit=" s")
-    for name, value in (("--global-batch", global_batch), ("--microbatches", microbatches)):
+    for name, value in (("--global-batch", global_batch), ("--microbatches", num_microbatches)):
         if value is not None and (isinstance(value, bool) or value < 1):
             raise InputError(f"expected a positive integer, got {value}", field=name)
     if global_batch is not None:
         check_int(global_batch, field="--global-batch", high=MAX_GLOBAL_BATCH)
-    if microbatches is not None:
-        check_int(microbatches, field="--microbatches", high=MAX_MICROBATCHES)
+    if num_microbatches is not None:
+        check_int(num_microbatches, field="--microbatches", high=MAX_MICROBATCHES)
     if schedule not in SCHEDULE_CHOICES:
         raise InputError(
             f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULE_CHOICES)}",

@@ -68,12 +68,17 @@ class DpCand:
     recompute: tuple[bool, ...]
 
 
-def _depth_only(schedule: str, top: int, m: int, rounds: int = 1) -> list[int] | None:
+def _depth_only(
+    schedule: str, top: int, num_microbatches: int, rounds: int = 1
+) -> list[int] | None:
     """The in-flight count by distance from the last stage, if that is all it depends on."""
-    from_end = [in_flight(schedule, top, top - 1 - q, m, rounds=rounds) for q in range(top)]
+    from_end = [
+        in_flight(schedule, top, top - 1 - q, num_microbatches, rounds=rounds) for q in range(top)
+    ]
     for s in range(1, top):
         if any(
-            in_flight(schedule, s, s - 1 - q, m, rounds=rounds) != from_end[q] for q in range(s)
+            in_flight(schedule, s, s - 1 - q, num_microbatches, rounds=rounds) != from_end[q]
+            for q in range(s)
         ):
             return None
     return from_end
@@ -84,7 +89,7 @@ def _dp_partitions(
     slots: Sequence[Slot],
     links: Sequence[Linear],
     schedule: str,
-    m: int,
+    num_microbatches: int,
 ) -> Iterator[tuple[int, ChainPartition]]:
     """The DP's best partition for each number of stages worth trying on these slots."""
     n = costs.num_layers
@@ -92,8 +97,8 @@ def _dp_partitions(
     wv = weight_versions(schedule)
     kind = [(sl.speed, sl.memory_bytes, sl.replicas, sl.allreduce) for sl in slots]
     same = all(k == kind[0] for k in kind) and all(lk == links[0] for lk in links)
-    rounds = replica_round([sl.replicas for sl in slots], m)
-    from_end = _depth_only(schedule, min(len(slots), n), m, rounds) if same else None
+    rounds = replica_round([sl.replicas for sl in slots], num_microbatches)
+    from_end = _depth_only(schedule, min(len(slots), n), num_microbatches, rounds) if same else None
     if from_end is not None:
         # Identical slots and links: one backward DP answers every number of stages.
         parts = partition_chain_depths(
@@ -101,7 +106,7 @@ def _dp_partitions(
             slots[0],
             max_stages=len(from_end),
             in_flight_from_end=from_end,
-            num_microbatches=m,
+            num_microbatches=num_microbatches,
             link=links[0] if links else None,
             weight_versions=wv,
         )
@@ -116,12 +121,12 @@ def _dp_partitions(
         step = len(counts) / limit
         counts = sorted({counts[int(i * step)] for i in range(limit)} | {counts[-1]})
     for s in counts:
-        stashed = [in_flight(schedule, s, k, m, rounds=rounds) for k in range(s)]
+        stashed = [in_flight(schedule, s, k, num_microbatches, rounds=rounds) for k in range(s)]
         part = partition_chain(
             costs,
             slots[:s],
             in_flight=stashed,
-            num_microbatches=m,
+            num_microbatches=num_microbatches,
             links=links[: s - 1],
             weight_versions=wv,
         )
@@ -134,7 +139,7 @@ def dp_candidates(
     costs: LayerCosts,
     paths: Sequence[Sequence[str]],
     schedule: str,
-    m: int,
+    num_microbatches: int,
 ) -> list[DpCand]:
     """DP partitions over every candidate device path and replication degree, best
     estimated iteration time first.
@@ -147,16 +152,16 @@ def dp_candidates(
     found: dict[tuple[Any, ...], DpCand] = {}
     for path in paths:
         for r in _replication_degrees(len(path)):
-            if r > m:
+            if r > num_microbatches:
                 continue
             all_slots = slots_along(topo, path, replicas=r)
             if not all_slots:
                 continue
             all_links = links_between(topo, all_slots)
-            for s, part in _dp_partitions(costs, all_slots, all_links, schedule, m):
+            for s, part in _dp_partitions(costs, all_slots, all_links, schedule, num_microbatches):
                 # Steady state at the bottleneck plus one pass of fill and drain; each
                 # replica sees m / r microbatches of r times the per-slot cost.
-                est = (m - r) * part.bottleneck_ms + r * sum(part.stage_ms)
+                est = (num_microbatches - r) * part.bottleneck_ms + r * sum(part.stage_ms)
                 groups = tuple(sl.devices for sl in all_slots[:s])
                 key = (tuple(part.ranges), groups)
                 cand = DpCand(est, tuple(part.ranges), groups, tuple(part.recompute))

@@ -2,6 +2,9 @@
 simulated and their plans as seeds, the best plan that fits returned as a
 :class:`~planner.plan.Plan` (or an :class:`InfeasibleError` saying what memory is missing).
 
+``time_limit`` bounds the whole solve: no simulation starts after it (:class:`TimeUp`), and
+the best plan simulated by then is returned, its ``solver.status`` ``"time limit"``.
+
 Example::
 
     plan = solve("profiles/mlp.json", "topologies/nvlink.yaml", num_microbatches=8)
@@ -27,7 +30,7 @@ from planner.solve.options import AUTO_SCHEDULES, MESH_SCALE, SolveOptions
 from planner.solve.own_search import own_search
 from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
 from planner.solve.scored import Scored
-from planner.solve.search import Search
+from planner.solve.search import Search, TimeUp
 from planner.solve.to_plan import to_plan
 from planner.topology import Topology, as_topology
 
@@ -53,9 +56,12 @@ def solve(
     the profiled sizes that divide it); ``num_microbatches`` fixes the number of
     microbatches (the size is searched, the objective is then time per sample; the plan
     JSON's and ``simulate``'s name); neither: ``2 x devices`` microbatches. ``time_limit``
-    bounds the ILP. Raises :class:`InfeasibleError` with the memory that would be needed
-    when nothing fits. ``microbatches`` is the old name of ``num_microbatches``: it still
-    works, with a DeprecationWarning, for one release.
+    (seconds) bounds the whole solve: past it no simulation starts, every phase stops and
+    the best plan simulated so far is returned (``plan.solver.status == "time limit"``;
+    an :class:`InputError` naming ``--time-limit`` if none fits yet). Raises
+    :class:`InfeasibleError` with the memory that would be needed when nothing fits.
+    ``microbatches`` is the old name of ``num_microbatches``: it still works, with a
+    DeprecationWarning, for one release.
 
     Example::
 
@@ -83,13 +89,25 @@ def solve(
     )
     settings = check_batch_settings(settings, profile, len(topology.devices), flag)
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
-    search = Search(profile, topology, opts, time_limit)
-    own = searched(search, settings, schedules, clock)
+    search = Search(profile, topology, opts, time_limit, deadline=clock + time_limit)
+    try:
+        own = searched(search, settings, schedules)
+    except TimeUp:
+        own = search.found()  # nothing from the peers yet: the search's own plans
     final = [x for x in own if x.shape.schedule in schedules]
     peers: PeerReport | None = None
     if opts.baselines:
         peers = peer_report(search, settings, schedule)
-        final.extend(seeded_by_peers(search, peers, final, schedules))
+        try:
+            final.extend(seeded_by_peers(search, peers, final, schedules))
+        except TimeUp:
+            final.extend(x for x in search.found() if x.shape.schedule in schedules)
+    if search.cut is not None and not any(x.fits for x in final):
+        raise InputError(
+            f"no plan that fits was found in {time_limit:g} s ({search.sims} simulations, "
+            f"stopped in {search.cut}); expected more time",
+            field="--time-limit",
+        )
     if not final or not min(final, key=Scored.key).fits:
         if not any(x.fits for x in own):
             raise nothing_fits(profile, topology, settings)
@@ -108,7 +126,7 @@ def solve(
 
 
 def searched(
-    search: Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str], clock: float
+    search: Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str]
 ) -> list[Scored]:
     """pipeplan's own search, before any peer plan joins: the plain search
     (:func:`~planner.solve.own_search.own_search`) and, where the profile has
@@ -119,12 +137,12 @@ def searched(
 
     Example::
 
-        best = min(searched(search, [(4, 8)], ["1f1b"], time.perf_counter()), key=Scored.key)
+        best = min(searched(search, [(4, 8)], ["1f1b"]), key=Scored.key)
     """
     if search.profile.tensor_parallel is None:
-        return own_search(search, settings, schedules, clock)
+        return own_search(search, settings, schedules)
     scale = len(search.topology.devices) * max(m for _, m in settings)
-    own = own_search(search, settings, schedules, clock) if scale <= MESH_SCALE else []
+    own = own_search(search, settings, schedules) if scale <= MESH_SCALE else []
     return [*own, *mesh_search(search, settings, schedules, own)]
 
 

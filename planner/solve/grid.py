@@ -30,7 +30,7 @@ __all__ = ["by_bound", "grid_interleaved", "grid_shapes"]
 
 
 def grid_shapes(
-    search: Search, cands: Sequence[DpCand], schedule: str, mb: int, m: int
+    search: Search, cands: Sequence[DpCand], schedule: str, mb: int, num_microbatches: int
 ) -> list[PlanShape]:
     """The sweep a practitioner runs, with the DP's partitions: for every pipeline depth
     ``d`` and ``N / d`` replicas per stage that use all ``N`` devices, the DP's best
@@ -51,8 +51,12 @@ def grid_shapes(
         if any(len(g) != shape[1] for g in c.groups):
             continue
         seen.add(shape)
-        out.append(make_shape(search, c.ranges, c.groups, schedule, mb, m, recompute=c.recompute))
-        out.extend(recut(search, c.groups, schedule, mb, m, full=False))
+        out.append(
+            make_shape(
+                search, c.ranges, c.groups, schedule, mb, num_microbatches, recompute=c.recompute
+            )
+        )
+        out.extend(recut(search, c.groups, schedule, mb, num_microbatches, full=False))
     return out
 
 

@@ -32,13 +32,13 @@ def _ilp_candidate(
     search: Search,
     costs: LayerCosts,
     schedule: str,
-    m: int,
+    num_microbatches: int,
     warm: DpCand | None,
     num_stages: int,
     time_limit: float,
 ) -> tuple[list[tuple[int, int]], list[str], list[bool]] | None:
     """The ILP's ranges, device per stage and recompute (None if it found none)."""
-    stashed = [in_flight(schedule, num_stages, k, m) for k in range(num_stages)]
+    stashed = [in_flight(schedule, num_stages, k, num_microbatches) for k in range(num_stages)]
     warm_start = None
     if warm is not None and all(len(g) == 1 for g in warm.groups):
         warm_start = (list(warm.ranges), [g[0] for g in warm.groups], list(warm.recompute))
@@ -47,7 +47,7 @@ def _ilp_candidate(
         search.topology,
         num_stages=num_stages,
         in_flight=stashed,
-        num_microbatches=m,
+        num_microbatches=num_microbatches,
         weight_versions=weight_versions(schedule),
         time_limit=time_limit,
         warm_start=warm_start,

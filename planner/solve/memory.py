@@ -27,7 +27,12 @@ __all__ = ["fix_recompute", "in_flight", "weight_versions"]
 
 
 def in_flight(
-    schedule: str, num_stages: int, stage: int, m: int, virtual: int = 1, rounds: int = 1
+    schedule: str,
+    num_stages: int,
+    stage: int,
+    num_microbatches: int,
+    virtual: int = 1,
+    rounds: int = 1,
 ) -> int:
     """Microbatches stage ``stage`` of ``num_stages`` keeps stashed over its replicas (per
     chunk when interleaved: the device's count spread over its ``virtual`` chunks);
@@ -40,10 +45,12 @@ def in_flight(
     if virtual > 1:
         p = num_stages // virtual
         total = family(schedule).in_flight_microbatches(
-            p, stage % p, m, virtual_stages=virtual, rounds=rounds
+            p, stage % p, num_microbatches, virtual_stages=virtual, rounds=rounds
         )
         return -(-int(total) // virtual)
-    return int(family(schedule).in_flight_microbatches(num_stages, stage, m, rounds=rounds))
+    return int(
+        family(schedule).in_flight_microbatches(num_stages, stage, num_microbatches, rounds=rounds)
+    )
 
 
 def weight_versions(schedule: str) -> int:
@@ -63,7 +70,7 @@ def fix_recompute(
     devices: Sequence[Sequence[str]],
     schedule: str,
     mb: int,
-    m: int,
+    num_microbatches: int,
     virtual: int = 1,
 ) -> tuple[bool, ...]:
     """Recompute exactly the stages whose activations do not fit (recompute is never faster).
@@ -73,11 +80,11 @@ def fix_recompute(
         fix_recompute(profile, topology, [(0, 7)], [("gpu0",)], "1f1b", 4, 8)  # (False,)
     """
     s = len(ranges)
-    rounds = replica_round([len(d) for d in devices], m)
+    rounds = replica_round([len(d) for d in devices], num_microbatches)
     flags = []
     for k, ((a, b), devs) in enumerate(zip(ranges, devices, strict=True)):
         limit = min(topology.device(d).memory_bytes for d in devs) / virtual
-        held = -(-in_flight(schedule, s, k, m, virtual, rounds) // len(devs))
+        held = -(-in_flight(schedule, s, k, num_microbatches, virtual, rounds) // len(devs))
         mem = stage_memory_bytes(profile, a, b, mb, held, weight_versions=weight_versions(schedule))
         flags.append(mem > limit)
     return tuple(flags)

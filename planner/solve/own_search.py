@@ -4,13 +4,12 @@ allowed schedule on the winner and interleaved re-cuts of the best few.
 
 Example::
 
-    scored = own_search(search, [(4, 8)], AUTO_SCHEDULES, clock)
+    scored = own_search(search, [(4, 8)], AUTO_SCHEDULES)
     best = min(scored, key=Scored.key)
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from planner.partition.dp import layer_costs
@@ -35,7 +34,6 @@ def _candidate_search(
     settings: Sequence[tuple[int, int]],
     schedules: Sequence[str],
     primary: Sequence[str],
-    clock: float,
 ) -> list[Scored]:
     """The DP's best few per setting and schedule, the grid (and its interleaved re-cuts)
     by bound, the ILP where the DP is not exact, then local search from the best few."""
@@ -66,8 +64,10 @@ def _candidate_search(
     if use_ilp is None:
         use_ilp = not homogeneous
     if use_ilp and scored:
-        # The ILP gets what is left of the time limit (at least a tenth of it).
-        left = max(search.time_limit - (time.perf_counter() - clock), 0.1 * search.time_limit)
+        # The ILP (CBC) gets half of what is left of the time limit: the local search and
+        # the peers that follow get the other half.
+        search.check_clock("ilp")
+        left = min(search.time_limit, search.seconds_left()) / 2
         from_ilp = run_ilp(search, min(scored, key=Scored.key), primary, left)
         if from_ilp is not None:
             scored.append(from_ilp)
@@ -82,7 +82,7 @@ def _candidate_search(
 
 
 def own_search(
-    search: Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str], clock: float
+    search: Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str]
 ) -> list[Scored]:
     """pipeplan's own search, without any peer plan in its pool: exhaustive on tiny
     instances, else DP candidates, the ILP and local search; then every allowed schedule
@@ -90,7 +90,7 @@ def own_search(
 
     Example::
 
-        own_search(search, [(4, 8)], [INTERLEAVED_BASE], time.perf_counter())
+        own_search(search, [(4, 8)], [INTERLEAVED_BASE])
     """
     primary = [s for s in schedules if not family(s).interleaved] or [INTERLEAVED_BASE]
     chunked = [s for s in schedules if family(s).interleaved]
@@ -101,7 +101,7 @@ def own_search(
         search.methods.append("exhaustive")
         scored = exhaustive(search, primary, settings)
     else:
-        scored = _candidate_search(search, settings, schedules, primary, clock)
+        scored = _candidate_search(search, settings, schedules, primary)
     if not scored or not min(scored, key=Scored.key).fits:
         return scored
     best = min(scored, key=Scored.key)

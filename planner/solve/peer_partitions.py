@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,19 +79,15 @@ def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
     """
     hosts = list(topology.hosts().values())
     names = topology.device_names()
-
-    def narrowest(pairs: list[tuple[str, str]]) -> float:
-        return min((topology.bandwidth(a, b) for a, b in pairs), default=math.inf)
-
+    # The narrowest bottleneck over pairs of a set of devices, without visiting every pair.
+    narrowest = topology.narrowest_bandwidth
     if len(hosts) > 1 and len({len(h) for h in hosts}) == 1:
-        inside = [(a, b) for h in hosts for a, b in itertools.combinations(h, 2)]
-        across = [(h[0], g[0]) for h, g in itertools.combinations(hosts, 2)]
         levels = []
         if len(hosts[0]) > 1:
-            levels.append((len(hosts[0]), narrowest(inside)))
-        levels.append((len(hosts), narrowest(across)))
+            levels.append((len(hosts[0]), min(narrowest(h) for h in hosts)))
+        levels.append((len(hosts), narrowest([h[0] for h in hosts])))
         return levels
-    bw = narrowest(list(itertools.combinations(names, 2)))
+    bw = narrowest(names)
     return [(len(names), bw if math.isfinite(bw) else 1e12)]
 
 

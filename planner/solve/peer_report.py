@@ -28,7 +28,7 @@ from planner.solve.options import INTERLEAVED_BASE
 from planner.solve.peer_partitions import PeerPartitions, default_outcomes
 from planner.solve.peers import PeerBest, tune_peers
 from planner.solve.scored import Scored
-from planner.solve.search import Search, make_shape
+from planner.solve.search import Search, TimeUp, make_shape
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -82,7 +82,7 @@ def baseline_outcomes(
 
 
 def _default_shapes(
-    search: Search, schedule: str, mb: int, m: int, parts: PeerPartitions
+    search: Search, schedule: str, mb: int, num_microbatches: int, parts: PeerPartitions
 ) -> list[tuple[str, PlanShape | str]]:
     """The peer defaults' stages (one device per stage in device order, or PipeDream's
     replicas on consecutive devices) as shapes, recompute where memory needs it; a default
@@ -93,7 +93,7 @@ def _default_shapes(
             out.append((label, stages))
             continue
         ranges, groups = [s.layers for s in stages], [s.devices for s in stages]
-        out.append((label, make_shape(search, ranges, groups, schedule, mb, m)))
+        out.append((label, make_shape(search, ranges, groups, schedule, mb, num_microbatches)))
     return out
 
 
@@ -128,7 +128,11 @@ def peer_report(search: Search, settings: Sequence[tuple[int, int]], schedule: s
             if isinstance(shape, str):
                 failed.setdefault(label, shape)
                 continue
-            got = search.evaluate(shape, f"peer default {label}")
+            try:
+                got = search.evaluate(shape, f"peer default {label}")
+            except TimeUp:
+                failed.setdefault(label, "not simulated: the solve's time limit passed first")
+                continue
             if label not in defaults or got.key() < defaults[label].key():
                 defaults[label] = got
     return PeerReport(tuned, defaults, failed)

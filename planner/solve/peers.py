@@ -66,7 +66,7 @@ from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.peer_partitions import PeerPartitions, place_consecutively
 from planner.solve.scored import Scored
-from planner.solve.search import Search
+from planner.solve.search import Search, TimeUp
 from planner.stages import StageSpec
 
 __all__ = [
@@ -455,7 +455,12 @@ def tune_peers(
                 reasons.append(c)
             else:
                 configs.append(c)
-        best, simulated = _best_of(search, configs)
+        try:
+            best, simulated = _best_of(search, configs)
+        except TimeUp:
+            reason = "not tuned: the solve's time limit passed first"
+            out.append(PeerBest(peer.name, None, None, len(configs), 0, reason))
+            continue
         if best is None:
             reason = _why_none(configs, reasons)
             out.append(PeerBest(peer.name, None, None, len(configs), simulated, reason))

@@ -61,7 +61,7 @@ def recut(
     groups: Sequence[tuple[str, ...]],
     schedule: str,
     mb: int,
-    m: int,
+    num_microbatches: int,
     virtual: int = 1,
     *,
     full: bool = True,
@@ -72,10 +72,12 @@ def recut(
 
         recut(search, [("gpu0",), ("gpu1",)], "1f1b", 4, 8)
     """
-    key = (tuple(groups), schedule, mb, m, virtual, full)
+    key = (tuple(groups), schedule, mb, num_microbatches, virtual, full)
     hit = search.recuts.get(key)
     if hit is None:
-        hit = search.recuts[key] = cut_over(search, groups, schedule, mb, m, virtual, full=full)
+        hit = search.recuts[key] = cut_over(
+            search, groups, schedule, mb, num_microbatches, virtual, full=full
+        )
     return list(hit)
 
 
@@ -84,7 +86,7 @@ def cut_over(
     groups: Sequence[tuple[str, ...]],
     schedule: str,
     mb: int,
-    m: int,
+    num_microbatches: int,
     virtual: int = 1,
     *,
     full: bool = True,
@@ -111,27 +113,36 @@ def cut_over(
     bare = [type(sl)(sl.devices, sl.speed, sl.memory_bytes) for sl in slots]
     variants = [slots, bare] if full else [bare]
     k = len(slots)
-    stashed = [in_flight(schedule, k, i, m, virtual, r) for i in range(k)]
+    stashed = [in_flight(schedule, k, i, num_microbatches, virtual, r) for i in range(k)]
     costs = layer_costs(search.profile, mb)
     out: list[PlanShape] = []
     if len(slots) <= search.profile.num_layers:
         # Equal layer counts: on uniform layers the DP's ties (where the light chunks go)
         # matter to the schedule, and the even split is a tie the DP may not pick.
         even = uniform_partition(search.profile.num_layers, len(slots))
-        out.append(make_shape(search, even, groups, schedule, mb, m, virtual=virtual))
+        out.append(
+            make_shape(search, even, groups, schedule, mb, num_microbatches, virtual=virtual)
+        )
     for variant in variants:
         part = partition_chain(
             costs,
             variant,
             in_flight=stashed,
-            num_microbatches=m,
+            num_microbatches=num_microbatches,
             links=links_between(search.topology, variant) if variant is slots else None,
             weight_versions=weight_versions(schedule),
         )
         if part is None:
             continue
         cand = make_shape(
-            search, part.ranges, groups, schedule, mb, m, recompute=part.recompute, virtual=virtual
+            search,
+            part.ranges,
+            groups,
+            schedule,
+            mb,
+            num_microbatches,
+            recompute=part.recompute,
+            virtual=virtual,
         )
         if cand not in out:
             out.append(cand)

@@ -14,11 +14,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.shape import PlanShape
 from planner.solve.options import AUTO_SCHEDULES
 from planner.stages import SHARDINGS
+
+if TYPE_CHECKING:
+    from planner.simulate.result import SimResult
 
 __all__ = ["Scored", "stage_key", "tie_text"]
 
@@ -82,7 +85,7 @@ class Scored:
     iteration_ms: float
     fits: bool
     memory: dict[str, int]
-    result: Any
+    result: SimResult | None
     origin: str
 
     @property

@@ -7,6 +7,11 @@ simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lowe
 cannot beat the best plan. :func:`make_shape` builds a candidate, recompute where the
 memory model says a stage overflows.
 
+The solve's time limit is checked before every simulation, the search's unit of work (a
+solve spends nearly all its time in them): past ``Search.deadline`` the next simulation
+raises :class:`TimeUp` instead, the phase that asked for it stops, and
+:meth:`Search.found` holds every plan simulated until then.
+
 Example::
 
     search = Search(profile, topology, SolveOptions(), time_limit=10)
@@ -17,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,7 +41,23 @@ from planner.solve.scored import Scored
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["Search", "make_shape"]
+__all__ = ["Search", "TimeUp", "make_shape"]
+
+
+class TimeUp(Exception):  # noqa: N818 (an event, not an error: the search stops on it)
+    """The solve's time limit passed before a simulation: the search stops where it is.
+
+    Example::
+
+        try:
+            search.evaluate(cand, "grid")
+        except TimeUp as stop:
+            stop.phase   # 'grid'
+    """
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(f"the time limit passed during {phase}")
+        self.phase = phase
 
 
 @dataclass
@@ -54,6 +76,10 @@ class Search:
     topology: Topology
     options: SolveOptions = field(default_factory=SolveOptions)
     time_limit: float = 60.0
+    # time.perf_counter() after which no simulation starts (TimeUp); inf: no deadline.
+    deadline: float = math.inf
+    # The phase the deadline stopped (the origin of the simulation it refused); None: none.
+    cut: str | None = None
     cache: dict[PlanShape, Scored] = field(default_factory=dict)
     sims: int = 0
     ilp: IlpInfo | None = None
@@ -136,11 +162,46 @@ class Search:
         self.cache[cand] = scored
         return scored
 
+    def seconds_left(self) -> float:
+        """Seconds until the deadline (``inf`` without one; negative once it passed).
+
+        Example::
+
+            search.seconds_left()
+        """
+        return self.deadline - time.perf_counter()
+
+    def check_clock(self, phase: str) -> None:
+        """Raise :class:`TimeUp` (and remember ``phase`` as the one cut) once the deadline
+        has passed.
+
+        Example::
+
+            search.check_clock("ilp")
+        """
+        if time.perf_counter() > self.deadline:
+            if self.cut is None:
+                self.cut = phase
+            raise TimeUp(phase)
+
+    def found(self) -> list[Scored]:
+        """Every plan simulated so far, by anyone (the search, the peers), in the order
+        they were simulated: what a search the deadline stopped chooses from.
+
+        Example::
+
+            best = min(search.found(), key=Scored.key)
+        """
+        unique = {id(x): x for x in self.cache.values()}  # evaluate caches a plan twice
+        return list(unique.values())
+
     def simulate_as_given(self, cand: PlanShape, origin: str) -> Scored:
-        """Simulate ``cand`` with its recompute flags as they are (once per search)."""
+        """Simulate ``cand`` with its recompute flags as they are (once per search);
+        :class:`TimeUp` instead once the deadline has passed."""
         hit = self.cache.get(cand)
         if hit is not None:
             return hit
+        self.check_clock(origin)
         self.sims += 1
         try:
             res = simulate_shape(self.profile, self.topology, cand)
@@ -163,7 +224,7 @@ def make_shape(
     devices: Sequence[Sequence[str]],
     schedule: str,
     mb: int,
-    m: int,
+    num_microbatches: int,
     recompute: Sequence[bool] | None = None,
     virtual: int = 1,
 ) -> PlanShape:
@@ -176,11 +237,18 @@ def make_shape(
     """
     if recompute is None:
         recompute = fix_recompute(
-            search.profile, search.topology, ranges, devices, schedule, mb, m, virtual
+            search.profile,
+            search.topology,
+            ranges,
+            devices,
+            schedule,
+            mb,
+            num_microbatches,
+            virtual,
         )
     # Replicas keep the order they were chosen in: the all-reduce ring follows it.
     stages = tuple(
         StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
         for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
-    return PlanShape(stages, schedule, mb, m, virtual)
+    return PlanShape(stages, schedule, mb, num_microbatches, virtual)

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["global_lower_bound_ms", "to_plan"]
 
 
-def global_lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int) -> float:
+def global_lower_bound_ms(
+    profile: Profile, topology: Topology, mb: int, num_microbatches: int
+) -> float:
     """No plan beats every device computing an equal share of the work, never idle.
 
     Example::
@@ -35,7 +37,7 @@ def global_lower_bound_ms(profile: Profile, topology: Topology, mb: int, m: int)
     """
     f, b = stage_compute_ms(profile, 0, profile.num_layers - 1, mb)
     total_speed = sum(d.speed for d in topology.devices)
-    return m * (f + b) / total_speed
+    return num_microbatches * (f + b) / total_speed
 
 
 def _file_ref(path: str | None, obj: Any) -> FileRef:
@@ -46,13 +48,19 @@ def _file_ref(path: str | None, obj: Any) -> FileRef:
 def _solver_info(
     search: Search, best: Scored, lower_bound_ms: float, seconds: float, unseeded: Scored | None
 ) -> SolverInfo:
-    """How the plan was found: methods, status, gap to the bound, the search alone."""
+    """How the plan was found: methods, status (``time limit`` where the limit stopped the
+    search), gap to the bound, the search alone."""
     c = best.shape
     lb = lower_bound_ms
     gap = best.iteration_ms / lb - 1.0 if lb > 0 else None
+    method = "+".join(search.methods) + f" -> {best.origin}"
+    status = "optimal" if "exhaustive" in search.methods else "best found"
+    if search.cut is not None:
+        # The time limit stopped the search: the best plan simulated before it.
+        method, status = f"{method} (stopped in {search.cut})", "time limit"
     solver = SolverInfo(
-        method="+".join(search.methods) + f" -> {best.origin}",
-        status="optimal" if "exhaustive" in search.methods else "best found",
+        method=method,
+        status=status,
         seconds=round(seconds, 3),
         gap=None if gap is None else round(gap, 6),
         simulations=search.sims,
@@ -90,6 +98,7 @@ def to_plan(
     """
     c = best.shape
     topo = search.topology
+    assert best.result is not None  # the plan found was simulated
     lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
     return plan_from_simulation(
         best.result,

@@ -1,7 +1,8 @@
 """Machines as graphs: devices, switches, links, and what a transfer between two devices costs.
 
-- :mod:`~planner.topology.graph`: :class:`Topology` and :class:`Device` (routes precomputed);
+- :mod:`~planner.topology.graph`: :class:`Topology` and :class:`Device` (routes on demand);
 - :mod:`~planner.topology.routing`: widest-bottleneck, fewest-hop routes;
+- :mod:`~planner.topology.routes`: routes worked out on first use, in bounded caches;
 - :mod:`~planner.topology.collectives`: the ring all-reduce;
 - :mod:`~planner.topology.load`: the ``pipeplan.topology/v1`` YAML format;
 - :mod:`~planner.topology.detect`: a topology from ``nvidia-smi topo -m``;

@@ -32,7 +32,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.gpus import gpu_spec
-from planner.limits import MAX_ROUTED_DEVICES
+from planner.limits import MAX_TOPOLOGY_DEVICES
 from planner.topology.graph import SCHEMA
 from planner.units import format_bandwidth, parse_bandwidth
 
@@ -47,9 +47,9 @@ __all__ = [
 ]
 
 NETWORKS = ("rail", "fat-tree")
-MAX_NODES = MAX_ROUTED_DEVICES // 8
-"""Nodes of 8 GPUs a topology may hold: :data:`planner.limits.MAX_ROUTED_DEVICES` (routes
-are tabulated for every device pair when a topology loads)."""
+MAX_NODES = MAX_TOPOLOGY_DEVICES // 8
+"""Nodes of 8 GPUs a topology may hold: :data:`planner.limits.MAX_TOPOLOGY_DEVICES` (8,192:
+four times the 2,048 nodes of the largest published training run)."""
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,10 @@ def check_cluster(preset: str, nodes: object, network: str, speed: object) -> Cl
         raise InputError(
             f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}", field="--preset"
         )
-    most = MAX_ROUTED_DEVICES // PRESETS[preset].gpus_per_node
+    most = MAX_TOPOLOGY_DEVICES // PRESETS[preset].gpus_per_node
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= most:
         raise InputError(
-            f"expected a whole number of nodes from 1 to {most} ({MAX_ROUTED_DEVICES:,} "
+            f"expected a whole number of nodes from 1 to {most} ({MAX_TOPOLOGY_DEVICES:,} "
             f"GPUs, the most one topology holds), got {nodes!r}",
             field="--nodes",
         )

@@ -42,8 +42,7 @@ def allreduce_ms(topology: Topology, devices: Sequence[str], nbytes: float) -> f
         raise InputError(f"device {dup!r} appears twice in an all-reduce", file=topology.source)
     if len(names) <= 1:
         return 0.0
-    host_rank = {h: i for i, h in enumerate(topology.hosts())}
-    grouped = sorted(names, key=lambda d: host_rank[topology.device(d).host])
+    grouped = sorted(names, key=topology.host_index)
     orders = [names] if grouped == names else [names, grouped]
     return min(ring_allreduce_ms(topology, order, nbytes) for order in orders)
 

@@ -1,11 +1,13 @@
-"""A machine as a graph: devices and switches joined by links, routes precomputed.
+"""A machine as a graph: devices and switches joined by links, routes on demand.
 
 A :class:`Topology` wraps a :class:`networkx.Graph` whose nodes are devices (things that
 compute) and switches (NVSwitch, PCIe switch, CPU socket, NIC, ...) and whose edges are links
 with a bandwidth per direction and a latency. A transfer between two devices follows the route
 of widest bottleneck, fewest hops on ties (:mod:`planner.topology.routing`), and costs
-``sum(latency) + bytes / bottleneck``. The routes for all device pairs are worked out once,
-when the topology is built, because the solver asks for transfer times millions of times.
+``sum(latency) + bytes / bottleneck``. A pair's route is worked out the first time it is asked
+for and kept (:mod:`planner.topology.routes`, bounded caches): loading a topology costs what its
+links cost, not what its device pairs would, and the solver's millions of transfer times are
+dictionary lookups.
 
 Example::
 
@@ -27,12 +29,8 @@ import numpy as np
 
 from planner.errors import InputError
 from planner.topology.collectives import allreduce_ms
-from planner.topology.routing import (
-    all_pairs_bottleneck,
-    fewest_hops,
-    first_duplicate,
-    widest_from,
-)
+from planner.topology.routes import PairRoute, RouteTable
+from planner.topology.routing import first_duplicate, unreachable_without_relay
 from planner.units import format_bandwidth, format_bytes, format_time_ms
 
 __all__ = ["DEFAULT_HOST", "RELAY_MODES", "SCHEMA", "Device", "Topology"]
@@ -40,6 +38,7 @@ __all__ = ["DEFAULT_HOST", "RELAY_MODES", "SCHEMA", "Device", "Topology"]
 SCHEMA = "pipeplan.topology/v1"
 DEFAULT_HOST = "host0"
 RELAY_MODES = ("all", "switches")
+_MAX_RINGS = 1 << 16  # kept all-reduce times
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class Device:
 
 
 class Topology:
-    """Devices and switches joined by links, with all device-to-device routes precomputed.
+    """Devices and switches joined by links; device-to-device routes worked out on demand.
 
     ``graph`` nodes carry ``role`` (``"device"`` or ``"switch"``) and ``kind``; edges carry
     ``bandwidth`` (bytes/s per direction, all parallel links together), ``latency_ms``,
@@ -118,6 +117,10 @@ class Topology:
             n for n in graph.nodes if n not in self._index
         ]
         self._rank = {n: i for i, n in enumerate(self._nodes)}
+        self._host_index = {h: i for i, h in enumerate(dict.fromkeys(d.host for d in self.devices))}
+        # Ring all-reduce times by (devices, bytes): the simulator asks for the same rings
+        # in every candidate it times (bounded like the route caches).
+        self._rings: dict[tuple[tuple[str, ...], float], float] = {}
         for d in self.devices:
             graph.nodes[d.name].update(role="device", kind=d.kind)
         for n in self._nodes[len(self.devices) :]:
@@ -164,7 +167,7 @@ class Topology:
             )
 
     def _build_table(self) -> None:
-        """Bottleneck, hops, latency and route trees for every device pair (see docs)."""
+        """The route table: bottlenecks by Kruskal's merges, routes on demand (see docs)."""
         n, nodes, rank = len(self.devices), self._nodes, self._rank
         # Adjacency by rank, neighbours sorted so that breadth-first search visits them in
         # rank order and thereby finds the lexicographically smallest fewest-hop route.
@@ -175,44 +178,24 @@ class Topology:
             adj[b].append((a, float(data["bandwidth"]), float(data["latency_ms"])))
         for row in adj:
             row.sort()
-        self._adj = adj
         relay_devices = self.relay == "all"
-        if relay_devices:
-            bottleneck = all_pairs_bottleneck(self.graph, rank, n)
-        else:
-            bottleneck = np.vstack([widest_from(adj, s, n) for s in range(n)])
-            unreachable = np.argwhere(bottleneck == 0)
-            if unreachable.size:
-                a, b = (self._nodes[int(k)] for k in unreachable[0])
+        if not relay_devices:
+            lost = unreachable_without_relay(adj, n)
+            if lost is not None:
+                a, b = (self._nodes[k] for k in lost)
                 raise InputError(
                     f"device {b!r} cannot be reached from {a!r} without passing through another "
                     "device, which 'relay: switches' forbids",
                     file=self.source,
                     field="links",
                 )
-        hops = np.zeros((n, n), dtype=np.int32)
-        latency = np.zeros((n, n), dtype=np.float64)
-        # trees[s][B] = parent array of the search from s over links of bandwidth >= B; it
-        # holds the routes from s to every device t > s whose bottleneck is B.
-        self._trees: list[dict[float, np.ndarray]] = [{} for _ in range(n)]
-        for s in range(n - 1):
-            widths = bottleneck[s, s + 1 :]
-            for width in np.unique(widths):
-                targets = (np.nonzero(widths == width)[0] + s + 1).tolist()
-                parent, hop, lat = fewest_hops(
-                    adj, s, float(width), targets, None if relay_devices else n
-                )
-                self._trees[s][float(width)] = np.asarray(parent, dtype=np.int32)
-                for t in targets:
-                    hops[s, t] = hops[t, s] = hop[t]
-                    latency[s, t] = latency[t, s] = lat[t]
-        self._bandwidth = bottleneck
-        self._hops = hops
-        self._latency = latency
-        # Plain nested lists: indexing them is several times faster than numpy scalars, and
-        # transfer_ms is the solver's innermost call.
-        self._bw_rows: list[list[float]] = bottleneck.tolist()
-        self._lat_rows: list[list[float]] = latency.tolist()
+        self._routes = RouteTable(adj, nodes, n, relay_devices=relay_devices)
+        # Answers by (src, dst) name: transfer_ms is the solver's innermost call.
+        self._known = self._routes.known
+
+    def _pair(self, src: str, dst: str) -> PairRoute:
+        """The route answer for two distinct devices (InputError for unknown names)."""
+        return self._routes.pair(self.device_index(src), self.device_index(dst))
 
     # ------------------------------------------------------------------ devices
 
@@ -257,6 +240,15 @@ class Topology:
         """Names of the non-compute vertices, in file order."""
         return self._nodes[len(self.devices) :]
 
+    def host_index(self, name: str) -> int:
+        """Position of device ``name``'s host in :meth:`hosts` order.
+
+        Example::
+
+            topo.host_index("node1.gpu0")   # 1
+        """
+        return self._host_index[self.device(name).host]
+
     def hosts(self) -> dict[str, list[str]]:
         """Device names grouped by host, hosts in order of first appearance.
 
@@ -280,8 +272,11 @@ class Topology:
         """
         if src == dst:
             return 0.0
-        i, j = self.device_index(src), self.device_index(dst)
-        return self._lat_rows[i][j] + nbytes / self._bw_rows[i][j] * 1e3
+        try:
+            hit = self._known[src, dst]
+        except (KeyError, TypeError):
+            hit = self._pair(src, dst)
+        return hit[1] + nbytes / hit[0] * 1e3
 
     def bandwidth(self, src: str, dst: str) -> float:
         """Bottleneck bytes/s of the route from ``src`` to ``dst``; ``inf`` if they are the same.
@@ -293,7 +288,30 @@ class Topology:
         if src == dst:
             self.device_index(src)
             return math.inf
-        return self._bw_rows[self.device_index(src)][self.device_index(dst)]
+        try:
+            return self._known[src, dst][0]
+        except (KeyError, TypeError):
+            return self._routes.bandwidth(self.device_index(src), self.device_index(dst))
+
+    def bandwidths_from(self, src: str) -> list[float]:
+        """The route bottleneck from ``src`` to every device, bytes/s, in device order
+        (``inf`` at ``src``): linear in the devices, for walks that compare them all.
+
+        Example::
+
+            topo.bandwidths_from("gpu0")[topo.device_index("gpu3")]
+        """
+        return list(self._routes.bandwidth_row(self.device_index(src)))
+
+    def narrowest_bandwidth(self, devices: Sequence[str]) -> float:
+        """The smallest route bottleneck between two of ``devices``, bytes/s (``inf`` for
+        fewer than two): linear in them, except under ``relay: switches`` (every pair).
+
+        Example::
+
+            topo.narrowest_bandwidth(["gpu0", "gpu8", "gpu16"])   # across the hosts
+        """
+        return self._routes.narrowest([self.device_index(d) for d in devices])
 
     def latency_ms(self, src: str, dst: str) -> float:
         """Sum of the link latencies along the route from ``src`` to ``dst``.
@@ -305,7 +323,7 @@ class Topology:
         if src == dst:
             self.device_index(src)
             return 0.0
-        return self._lat_rows[self.device_index(src)][self.device_index(dst)]
+        return self._pair(src, dst)[1]
 
     def hops(self, src: str, dst: str) -> int:
         """Number of links on the route from ``src`` to ``dst``.
@@ -314,7 +332,10 @@ class Topology:
 
             topo.hops("gpu0", "gpu1")   # 2 through one switch
         """
-        return int(self._hops[self.device_index(src), self.device_index(dst)])
+        if src == dst:
+            self.device_index(src)
+            return 0
+        return self._pair(src, dst)[2]
 
     def route(self, src: str, dst: str) -> list[str]:
         """Node names along the chosen route, ``src`` first and ``dst`` last.
@@ -323,16 +344,10 @@ class Topology:
 
             topo.route("gpu0", "gpu5")   # ['gpu0', 'gpu1', 'gpu5'] on a DGX-1
         """
-        i, j = self.device_index(src), self.device_index(dst)
-        if i == j:
+        if src == dst:
+            self.device_index(src)
             return [src]
-        s, t = min(i, j), max(i, j)
-        parent = self._trees[s][self._bw_rows[s][t]]
-        path = [t]
-        while path[-1] != s:
-            path.append(int(parent[path[-1]]))
-        names = [self._nodes[k] for k in path]  # t .. s
-        return names if i > j else names[::-1]
+        return list(self._pair(src, dst)[3])
 
     def route_links(self, src: str, dst: str) -> list[tuple[str, str]]:
         """The directed hops ``(u, v)`` of the chosen route from ``src`` to ``dst``.
@@ -341,7 +356,10 @@ class Topology:
 
             topo.route_links("gpu0", "gpu1")   # [('gpu0', 'nvswitch0'), ('nvswitch0', 'gpu1')]
         """
-        path = self.route(src, dst)
+        if src == dst:
+            self.device_index(src)
+            return []
+        path = self._pair(src, dst)[3]
         return list(zip(path, path[1:], strict=False))
 
     def link_bandwidth(self, u: str, v: str) -> float:
@@ -369,23 +387,35 @@ class Topology:
             raise InputError(f"no link between {u!r} and {v!r}", file=self.source) from None
         return data
 
+    def bandwidth_range(self) -> tuple[float, float] | None:
+        """The narrowest and the widest route bottleneck over device pairs, bytes/s (None
+        for one device). Linear in the links, except under ``relay: switches`` (every pair).
+
+        Example::
+
+            low, high = topo.bandwidth_range()
+        """
+        return self._routes.bandwidth_range()
+
     def bandwidth_matrix(self) -> np.ndarray:
-        """Device-by-device bottleneck bandwidths (bytes/s, ``inf`` on the diagonal), a copy.
+        """Device-by-device bottleneck bandwidths (bytes/s, ``inf`` on the diagonal), a new
+        array. Devices squared in time and memory: for display and tests, not for a solve.
 
         Example::
 
             bw = topo.bandwidth_matrix(); bw[0, 1]
         """
-        return self._bandwidth.copy()
+        return self._routes.bandwidth_matrix()
 
     def latency_matrix(self) -> np.ndarray:
-        """Device-by-device route latencies in milliseconds (0 on the diagonal), a copy.
+        """Device-by-device route latencies in milliseconds (0 on the diagonal), a new array.
+        Devices squared (a route per pair): for display and tests, not for a solve.
 
         Example::
 
             lat = topo.latency_matrix(); lat[0, 1]
         """
-        return self._latency.copy()
+        return self._routes.latency_matrix()
 
     # ------------------------------------------------------------------ collectives
 
@@ -397,7 +427,17 @@ class Topology:
 
             topo.allreduce_ms(["gpu0", "gpu8"], 4 * 2**30)   # across the InfiniBand
         """
-        return allreduce_ms(self, devices, nbytes)
+        try:
+            key = (tuple(devices), nbytes)
+            hit = self._rings.get(key)
+        except TypeError:  # an unhashable name: refused below, one line
+            return allreduce_ms(self, devices, nbytes)
+        if hit is None:
+            hit = allreduce_ms(self, devices, nbytes)
+            if len(self._rings) >= _MAX_RINGS:
+                self._rings.clear()
+            self._rings[key] = hit
+        return hit
 
     # ------------------------------------------------------------------ variants & export
 

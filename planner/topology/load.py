@@ -9,7 +9,9 @@ docs/topology.md describes the format; in short::
     links:
       - {between: ["gpu{0..7}", nvswitch0], bandwidth: 450 GB/s, latency: 1 us}
 
-Every problem is one :class:`~planner.errors.InputError` naming the file and the field.
+Every problem is one :class:`~planner.errors.InputError` naming the file and the field: the
+entries are records (:mod:`planner.topology.entries`, read by :mod:`planner.records`), and
+this module expands their name ranges and builds the graph.
 :meth:`planner.topology.Topology.to_dict` writes the normalised form back.
 
 Example::
@@ -23,51 +25,33 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import networkx as nx
 
 from planner.datafile import decode_yaml, read_text
 from planner.errors import InputError
 from planner.fileio import check_input_file
-from planner.limits import (
-    MAX_BANDWIDTH,
-    MAX_BYTES,
-    MAX_DEVICES,
-    MAX_LINK_COUNT,
-    MAX_LINKS,
-    MAX_ROUTED_DEVICES,
-    MAX_SPEED,
-    MAX_TIME_MS,
-    MIN_BANDWIDTH,
-    MIN_SPEED,
-    check_int,
-    check_name,
-    check_number,
+from planner.limits import MAX_DEVICES, MAX_LINKS, MAX_TOPOLOGY_DEVICES, check_name
+from planner.records import Kind, Name, read_record, read_value
+from planner.topology.entries import (
+    DEVICE_KEYS,
+    DEVICES,
+    DeviceEntry,
+    HostDevices,
+    HostGroup,
+    LinkEntry,
+    SwitchEntry,
 )
 from planner.topology.graph import DEFAULT_HOST, SCHEMA, Device, Topology
-from planner.units import format_bytes, format_time_ms, parse_bandwidth, parse_bytes, parse_time_ms
 
 __all__ = ["as_topology", "expand_names", "load_topology", "topology_from_dict", "uniform_topology"]
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 # Digits of a range bound: enough for MAX_DEVICES names starting anywhere below 10**9.
 _RANGE_DIGITS = 9
-_TOP_KEYS = {
-    "schema",
-    "name",
-    "description",
-    "defaults",
-    "devices",
-    "switches",
-    "links",
-    "hosts",
-    "relay",
-    "allreduce_efficiency",
-}
-_DEVICE_KEYS = {"name", "memory", "speed", "host", "kind"}
-_LINK_KEYS = {"between", "bandwidth", "latency", "count", "kind"}
 
 
 def expand_names(pattern: str, *, file: str | None = None, field: str | None = None) -> list[str]:
@@ -120,7 +104,8 @@ def expand_names(pattern: str, *, file: str | None = None, field: str | None = N
 
 
 class _Builder:
-    """Collects devices, switches and links from a parsed YAML mapping, validating as it goes."""
+    """Builds the graph from the file's entries (read already): expands name ranges, refuses
+    names given twice, links to undeclared names and second links between one pair."""
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -143,46 +128,20 @@ class _Builder:
         self.names.add(name)
         return name
 
-    def add_device(self, entry: dict[str, Any], field: str) -> None:
-        pattern = entry.get("name")
-        if not isinstance(pattern, str):
-            raise self.fail(f"expected a device name; got {pattern!r}", f"{field}.name")
-        if "memory" not in entry:
-            raise self.fail("missing; expected a size such as '80 GiB'", f"{field}.memory")
-        memory = parse_bytes(entry["memory"], file=self.source, field=f"{field}.memory")
-        if memory <= 0:
-            raise self.fail(f"expected a positive size; got {entry['memory']!r}", f"{field}.memory")
-        if memory > MAX_BYTES:
-            raise self.fail(
-                f"expected at most {format_bytes(MAX_BYTES)}; got {entry['memory']!r}",
-                f"{field}.memory",
-            )
-        speed = entry.get("speed", 1.0)
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
-            raise self.fail(
-                f"expected a positive number (1.0 = profiling device); got {speed!r}",
-                f"{field}.speed",
-            )
-        check_number(speed, field=f"{field}.speed", low=MIN_SPEED, high=MAX_SPEED, file=self.source)
-        host = entry.get("host", DEFAULT_HOST)
-        kind = entry.get("kind", "")
-        for key, value in (("host", host), ("kind", kind)):
-            if not isinstance(value, (str, int)) or isinstance(value, bool):
-                raise self.fail(f"expected a string; got {value!r}", f"{field}.{key}")
-            _text(value, self.source, f"{field}.{key}")
-        names = expand_names(pattern, file=self.source, field=f"{field}.name")
+    def add_device(self, entry: DeviceEntry, field: str) -> None:
+        names = expand_names(entry.name, file=self.source, field=f"{field}.name")
         self.check_device_count(len(names), field)
         for name in names:
             self.claim(name, f"{field}.name")
-            self.devices.append(Device(name, memory, float(speed), str(host), str(kind)))
+            self.devices.append(Device(name, entry.memory, entry.speed, entry.host, entry.kind))
             self.graph.add_node(name)
 
     def check_device_count(self, more: int, field: str) -> None:
-        """Refuse more than :data:`MAX_ROUTED_DEVICES` devices, before they are built."""
-        if len(self.devices) + more > MAX_ROUTED_DEVICES:
+        """Refuse more than :data:`MAX_TOPOLOGY_DEVICES` devices, before they are built."""
+        if len(self.devices) + more > MAX_TOPOLOGY_DEVICES:
             raise self.fail(
-                f"{len(self.devices) + more:,} devices; pipeplan tabulates the routes between "
-                f"every pair of devices and handles at most {MAX_ROUTED_DEVICES:,}",
+                f"{len(self.devices) + more:,} devices; expected at most "
+                f"{MAX_TOPOLOGY_DEVICES:,} in one topology",
                 field,
             )
 
@@ -190,51 +149,13 @@ class _Builder:
         names = expand_names(name, file=self.source, field=field)
         if len(self.switches) + len(names) > MAX_DEVICES:
             raise self.fail(f"more than {MAX_DEVICES:,} switches; expected at most that", field)
-        kind = _text(kind, self.source, field)
         for one in names:
             self.claim(one, field)
             self.switches.append((one, kind))
             self.graph.add_node(one, kind=kind)
 
-    def add_link(self, entry: dict[str, Any], field: str) -> None:
-        between = entry.get("between")
-        if (
-            not isinstance(between, list)
-            or len(between) != 2
-            or not all(isinstance(x, str) for x in between)
-        ):
-            raise self.fail(f"expected a list of two names; got {between!r}", f"{field}.between")
-        if "bandwidth" not in entry:
-            raise self.fail("missing; expected e.g. '25 GB/s'", f"{field}.bandwidth")
-        bw = parse_bandwidth(entry["bandwidth"], file=self.source, field=f"{field}.bandwidth")
-        if bw <= 0:
-            raise self.fail(
-                f"expected a positive bandwidth; got {entry['bandwidth']!r}", f"{field}.bandwidth"
-            )
-        if not MIN_BANDWIDTH <= bw <= MAX_BANDWIDTH:
-            raise self.fail(
-                f"expected a bandwidth from {MIN_BANDWIDTH:g} B/s to {MAX_BANDWIDTH:g} B/s; "
-                f"got {entry['bandwidth']!r}",
-                f"{field}.bandwidth",
-            )
-        latency = 0.0
-        if "latency" in entry:
-            latency = parse_time_ms(entry["latency"], file=self.source, field=f"{field}.latency")
-            if latency < 0:
-                raise self.fail(
-                    f"expected a latency >= 0; got {entry['latency']!r}", f"{field}.latency"
-                )
-            if latency > MAX_TIME_MS:
-                raise self.fail(
-                    f"expected a latency of at most {format_time_ms(MAX_TIME_MS)}; "
-                    f"got {entry['latency']!r}",
-                    f"{field}.latency",
-                )
-        count = entry.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise self.fail(f"expected a whole number >= 1; got {count!r}", f"{field}.count")
-        check_int(count, field=f"{field}.count", high=MAX_LINK_COUNT, file=self.source)
-        kind = _text(entry.get("kind", ""), self.source, f"{field}.kind")
+    def add_link(self, entry: LinkEntry, field: str) -> None:
+        between = list(entry.between)
         left = expand_names(between[0], file=self.source, field=f"{field}.between")
         right = expand_names(between[1], file=self.source, field=f"{field}.between")
         for name in left + right:
@@ -260,126 +181,43 @@ class _Builder:
                 )
             self.link_origin[pair] = field
             self.graph.add_edge(
-                u, v, bandwidth=bw * count, latency_ms=latency, count=count, kind=kind
+                u,
+                v,
+                bandwidth=entry.bandwidth * entry.count,
+                latency_ms=entry.latency,
+                count=entry.count,
+                kind=entry.kind,
             )
-
-
-def _text(value: object, source: str, field: str) -> str:
-    """A free-text field (``kind``, ``host``) as a string: short, without control characters."""
-    return check_name(str(value), file=source, field=field) if value != "" else ""
 
 
 def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _mapping(value: object, what: str, source: str, field: str) -> dict[str, Any]:
+def _mapping(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise InputError(f"expected {what} (a mapping); got {value!r}", file=source, field=field)
+        raise InputError(f"expected device defaults (a mapping); got {value!r}")
     return value
 
 
-def _known_keys(entry: dict[str, Any], allowed: set[str], source: str, field: str) -> None:
-    for key in entry:
-        if key not in allowed:
-            raise InputError(
-                f"unknown field {key!r}; expected one of {', '.join(sorted(allowed))}",
-                file=source,
-                field=f"{field}.{key}" if field else str(key),
-            )
+_DEFAULTS = Kind("device defaults (a mapping)", _mapping)
 
 
-def _add_hosts(
-    builder: _Builder, spec: object, field: str, defaults: dict[str, Any] | None = None
-) -> None:
-    """Expand the ``hosts`` shorthand: N identical hosts, a switch inside, a network between."""
-    source = builder.source
-    groups = spec if isinstance(spec, list) else [spec]
-    counters: dict[str, int] = {}
+@dataclass
+class _TopologyFile:
+    """The top level of a topology file (beside ``schema``). ``devices``, ``switches``,
+    ``hosts`` and ``defaults`` are read entry by entry (the defaults merged into each
+    device first); ``relay`` and ``allreduce_efficiency`` are checked by :class:`Topology`."""
 
-    def next_name(prefix: str) -> str:
-        k = counters.get(prefix, 0)
-        counters[prefix] = k + 1
-        return f"{prefix}{k}"
-
-    for g, group in enumerate(groups):
-        gfield = f"{field}[{g}]" if isinstance(spec, list) else field
-        group = _mapping(group, "a hosts group", source, gfield)
-        _known_keys(group, {"count", "name", "devices", "switch", "network"}, source, gfield)
-        count = group.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise InputError(
-                f"expected a whole number >= 1; got {count!r}", file=source, field=f"{gfield}.count"
-            )
-        check_int(count, field=f"{gfield}.count", high=MAX_DEVICES, file=source)
-        host_prefix = str(group.get("name", "node"))
-        dev = dict(
-            _mapping(group.get("devices"), "the per-host devices", source, f"{gfield}.devices")
-        )
-        _known_keys(dev, _DEVICE_KEYS - {"host"} | {"count"}, source, f"{gfield}.devices")
-        per_host = dev.pop("count", 1)
-        if isinstance(per_host, bool) or not isinstance(per_host, int) or per_host < 1:
-            raise InputError(
-                f"expected a whole number >= 1; got {per_host!r}",
-                file=source,
-                field=f"{gfield}.devices.count",
-            )
-        check_int(per_host, field=f"{gfield}.devices.count", high=MAX_DEVICES, file=source)
-        builder.check_device_count(count * per_host, f"{gfield}.count")  # before any is built
-        dev_prefix = str(dev.pop("name", "gpu"))
-        switch = group.get("switch")
-        network = group.get("network")
-        if switch is not None:
-            switch = _mapping(switch, "the in-host switch", source, f"{gfield}.switch")
-            _known_keys(
-                switch,
-                {"name", "bandwidth", "latency", "count", "kind"},
-                source,
-                f"{gfield}.switch",
-            )
-        if network is not None:
-            network = _mapping(network, "the network", source, f"{gfield}.network")
-            _known_keys(
-                network,
-                {"name", "bandwidth", "latency", "count", "kind", "per"},
-                source,
-                f"{gfield}.network",
-            )
-            per = network.get("per", "device")
-            if per not in ("device", "host"):
-                raise InputError(
-                    f"expected 'device' or 'host'; got {per!r}",
-                    file=source,
-                    field=f"{gfield}.network.per",
-                )
-            if per == "host" and switch is None:
-                raise InputError(
-                    "'per: host' attaches the network to the in-host switch; "
-                    "expected a 'switch' entry as well",
-                    file=source,
-                    field=f"{gfield}.network.per",
-                )
-            net_name = str(network.get("name", "network"))
-            if net_name not in builder.names:
-                builder.add_switch(net_name, str(network.get("kind", "")), f"{gfield}.network")
-        for _ in range(count):
-            host = next_name(host_prefix)
-            names = [next_name(dev_prefix) for _ in range(per_host)]
-            for name in names:
-                entry = {**(defaults or {}), **dev, "name": name, "host": host}
-                builder.add_device(entry, f"{gfield}.devices")
-            link_fields = ("bandwidth", "latency", "count", "kind")
-            if switch is not None:
-                sw = next_name(str(switch.get("name", "switch")))
-                builder.add_switch(sw, str(switch.get("kind", "")), f"{gfield}.switch")
-                for name in names:
-                    link = {k: switch[k] for k in link_fields if k in switch}
-                    builder.add_link({**link, "between": [name, sw]}, f"{gfield}.switch")
-            if network is not None:
-                ends = names if network.get("per", "device") == "device" else [sw]
-                for end in ends:
-                    link = {k: network[k] for k in link_fields if k in network}
-                    builder.add_link({**link, "between": [end, net_name]}, f"{gfield}.network")
+    name: Name | None = None
+    description: Any = None
+    defaults: Annotated[dict[str, Any], _DEFAULTS] = field(default_factory=dict)
+    devices: Any = None
+    switches: list[Any] = field(default_factory=list)
+    links: list[Any] = field(default_factory=list)
+    hosts: Any = None
+    relay: Any = "all"
+    allreduce_efficiency: Any = 1.0
 
 
 def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
@@ -410,67 +248,125 @@ def topology_from_dict(data: object, source: str = "<topology>") -> Topology:
         )
     if schema != SCHEMA:
         raise InputError(f"expected {SCHEMA!r}; got {schema!r}", file=source, field="schema")
-    _known_keys(data, _TOP_KEYS, source, "")
-    if "devices" not in data and "hosts" not in data:
+    top = read_record(_TopologyFile, data, file=source, ignore=("schema",))
+    if top.devices is None and top.hosts is None:
         raise InputError(
             "missing; expected a list of devices (or a 'hosts' shorthand)",
             file=source,
             field="devices",
         )
+    defaults = _defaults(top.defaults, source)
     builder = _Builder(source)
-    defaults = _mapping(data.get("defaults", {}), "device defaults", source, "defaults")
-    _known_keys(defaults, _DEVICE_KEYS - {"name"}, source, "defaults")
-    if "hosts" in data:
-        _add_hosts(builder, data["hosts"], "hosts", defaults)
-    devices = data.get("devices", [])
-    if not isinstance(devices, list) or ("hosts" not in data and not devices):
+    if top.hosts is not None:
+        _add_hosts(builder, top.hosts, defaults)
+    devices = [] if top.devices is None else top.devices
+    if not isinstance(devices, list) or (top.hosts is None and not devices):
         raise InputError(
             f"expected a non-empty list of devices; got {devices!r}", file=source, field="devices"
         )
-    for k, entry in enumerate(devices):
-        entry = _mapping(entry, "a device", source, f"devices[{k}]")
-        _known_keys(entry, _DEVICE_KEYS, source, f"devices[{k}]")
-        builder.add_device({**defaults, **entry}, f"devices[{k}]")
-    switches = data.get("switches", [])
-    if not isinstance(switches, list):
-        raise InputError(
-            f"expected a list of switch names; got {switches!r}", file=source, field="switches"
+    for k, raw in enumerate(devices):
+        where = f"devices[{k}]"
+        entry = {**defaults, **raw} if isinstance(raw, dict) else raw
+        builder.add_device(read_record(DeviceEntry, entry, file=source, field=where), where)
+    for k, raw in enumerate(top.switches):
+        where = f"switches[{k}]"
+        switch = (
+            read_record(SwitchEntry, raw, file=source, field=where)
+            if isinstance(raw, dict)
+            else SwitchEntry(raw)
+            if isinstance(raw, str)
+            else None
         )
-    for k, entry in enumerate(switches):
-        if isinstance(entry, dict):
-            _known_keys(entry, {"name", "kind"}, source, f"switches[{k}]")
-            name, kind = entry.get("name"), str(entry.get("kind", ""))
-        else:
-            name, kind = entry, ""
-        if not isinstance(name, str):
-            raise InputError(
-                f"expected a switch name; got {name!r}", file=source, field=f"switches[{k}]"
-            )
-        builder.add_switch(name, kind, f"switches[{k}]")
-    links = data.get("links", [])
-    if not isinstance(links, list):
-        raise InputError(f"expected a list of links; got {links!r}", file=source, field="links")
-    for k, entry in enumerate(links):
-        entry = _mapping(entry, "a link", source, f"links[{k}]")
-        _known_keys(entry, _LINK_KEYS, source, f"links[{k}]")
-        builder.add_link(entry, f"links[{k}]")
+        if switch is None:
+            raise InputError(f"expected a switch name; got {raw!r}", file=source, field=where)
+        builder.add_switch(switch.name, switch.kind, where)
+    links = read_value(list[LinkEntry], top.links, file=source, field="links")
+    for k, link in enumerate(links):
+        builder.add_link(link, f"links[{k}]")
     for name, _ in builder.switches:
         if builder.graph.degree(name) == 0:
             raise InputError(f"switch {name!r} has no links", file=source, field="switches")
-    name = data.get("name", Path(source).stem if source != "<topology>" else "topology")
-    if not isinstance(name, str) or not name:
-        raise InputError(f"expected a non-empty string; got {name!r}", file=source, field="name")
-    check_name(name, file=source, field="name")
-    relay = data.get("relay", "all")
-    efficiency = data.get("allreduce_efficiency", 1.0)
+    name = top.name or (Path(source).stem if source != "<topology>" else "topology")
     return Topology(
         name,
         builder.graph,
         builder.devices,
         source=source,
-        relay=relay,
-        allreduce_efficiency=efficiency,
+        relay=top.relay,
+        allreduce_efficiency=top.allreduce_efficiency,
     )
+
+
+def _defaults(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """The device defaults: any device key but ``name``."""
+    for key in raw:
+        if key not in DEVICE_KEYS - {"name"}:
+            raise InputError(
+                f"unknown field; expected one of {', '.join(sorted(DEVICE_KEYS - {'name'}))}",
+                file=source,
+                field=f"defaults.{key}",
+            )
+    return raw
+
+
+def _add_hosts(builder: _Builder, spec: object, defaults: dict[str, Any]) -> None:
+    """Expand the ``hosts`` shorthand: N identical hosts, a switch inside, a network between."""
+    source = builder.source
+    groups = spec if isinstance(spec, list) else [spec]
+    counters: dict[str, int] = {}
+
+    def next_name(prefix: str) -> str:
+        k = counters.get(prefix, 0)
+        counters[prefix] = k + 1
+        return f"{prefix}{k}"
+
+    for g, raw in enumerate(groups):
+        where = f"hosts[{g}]" if isinstance(spec, list) else "hosts"
+        group = read_record(HostGroup, raw, file=source, field=where)
+        if group.devices is None:
+            raise InputError(
+                f"expected {DEVICES.expected}; got None", file=source, field=f"{where}.devices"
+            )
+        shared = {k: v for k, v in defaults.items() if k != "host"}  # the group's hosts
+        dev = read_record(
+            HostDevices, {**shared, **group.devices}, file=source, field=f"{where}.devices"
+        )
+        builder.check_device_count(group.count * dev.count, f"{where}.count")  # before any
+        switch, network = group.switch, group.network
+        if network is not None and network.per == "host" and switch is None:
+            raise InputError(
+                "'per: host' attaches the network to the in-host switch; "
+                "expected a 'switch' entry as well",
+                file=source,
+                field=f"{where}.network.per",
+            )
+        if network is not None and network.name not in builder.names:
+            builder.add_switch(network.name, network.kind, f"{where}.network")
+        for _ in range(group.count):
+            host = next_name(group.name)
+            names = [next_name(dev.name) for _ in range(dev.count)]
+            for name in names:
+                entry = DeviceEntry(name, dev.memory, dev.speed, host, dev.kind)
+                builder.add_device(entry, f"{where}.devices")
+            if switch is not None:
+                sw = next_name(switch.name)
+                builder.add_switch(sw, switch.kind, f"{where}.switch")
+                for name in names:
+                    link = LinkEntry(
+                        (name, sw), switch.bandwidth, switch.latency, switch.count, switch.kind
+                    )
+                    builder.add_link(link, f"{where}.switch")
+            if network is not None:
+                ends = names if network.per == "device" else [sw]
+                for end in ends:
+                    link = LinkEntry(
+                        (end, network.name),
+                        network.bandwidth,
+                        network.latency,
+                        network.count,
+                        network.kind,
+                    )
+                    builder.add_link(link, f"{where}.network")
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:

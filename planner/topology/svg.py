@@ -52,6 +52,7 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
         x, y = pos[node]
         return margin + half + float(x) * half, top + margin + half - float(y) * half
 
+    num_links = topo.graph.number_of_edges()  # counts every edge: once, not per link
     widths = [data["bandwidth"] for _, _, data in topo.links()]
     lo, hi = min(widths, default=1.0), max(widths, default=1.0)
     out = [
@@ -60,7 +61,7 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{size / 2}" y="28" text-anchor="middle" font-size="16">'
         f"{escape(topo.name)}: {len(devices)} devices, {len(switches)} switches, "
-        f"{topo.graph.number_of_edges()} links</text>",
+        f"{num_links} links</text>",
     ]
     for u, v, data in topo.links():
         (x1, y1), (x2, y2) = xy(u), xy(v)
@@ -73,7 +74,7 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
             f'stroke-width="{1 + 5 * ratio:.1f}" stroke-opacity="0.7">'
             f"<title>{escape(title)}</title></line>"
         )
-        if topo.graph.number_of_edges() <= 40:
+        if num_links <= 40:
             # A third of the way along, not the middle: links that cross the centre would
             # otherwise stack their labels on one spot.
             lx, ly = x1 + (x2 - x1) / 3, y1 + (y2 - y1) / 3
@@ -82,6 +83,7 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
                 f'fill="#444" font-size="9">{escape(format_bandwidth(bw))}</text>'
             )
     hosts = list(topo.hosts())
+    host_index = {host: k for k, host in enumerate(hosts)}  # not hosts.index: devices x hosts
     for name in switches:
         x, y = xy(name)
         kind = topo.graph.nodes[name].get("kind", "")
@@ -93,7 +95,7 @@ def topology_svg(topo: Topology, *, size: int = 720) -> str:
     for name in devices:
         x, y = xy(name)
         d = topo.device(name)
-        colour = _HOST_COLOURS[hosts.index(d.host) % len(_HOST_COLOURS)]
+        colour = _HOST_COLOURS[host_index[d.host] % len(_HOST_COLOURS)]
         title = f"{name}: {d.kind} {format_bytes(d.memory_bytes)}, speed {d.speed:g}, {d.host}"
         out.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="18" fill="{colour}" stroke="#222">'
