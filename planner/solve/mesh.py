@@ -171,8 +171,13 @@ def mesh_costs(
         return hit
     profile = search.profile
     n = profile.num_layers
-    whole = StageSpec(0, (0, n - 1), tuple(group), tensor_parallel=mesh.degree,
-                      sequence_parallel=mesh.sequence_parallel)
+    whole = StageSpec(
+        0,
+        (0, n - 1),
+        tuple(group),
+        tensor_parallel=mesh.degree,
+        sequence_parallel=mesh.sequence_parallel,
+    )
     view = shard_view(profile, whole)
     costs = layer_costs(view, mb)
     fwd = np.zeros(n)
@@ -324,5 +329,7 @@ def _step_ms(search: Search, mesh: Mesh, st: StageSpec) -> float:
         return hit
     whole = StageSpec(0, st.layers, st.devices[: mesh.degree], tensor_parallel=mesh.degree)
     view = shard_view(search.profile, whole)
-    ms = search.notes[key] = float(sum(ly.optimizer_ms for ly in view.layers[st.first : st.last + 1]))
+    ms = search.notes[key] = float(
+        sum(ly.optimizer_ms for ly in view.layers[st.first : st.last + 1])
+    )
     return ms

@@ -68,7 +68,9 @@ def mesh_groupings(search: Search, degree: int) -> list[Grouping]:
     nbytes = 2.0**20
     if degree > 1:
         timing = search.profile.measurement(search.profile.microbatch_sizes[0])
-        sizes = sorted(t.sharded[shard_key(degree)].collective_bytes("forward") for t in timing.layers)
+        sizes = sorted(
+            t.sharded[shard_key(degree)].collective_bytes("forward") for t in timing.layers
+        )
         nbytes = float(max(sizes[len(sizes) // 2], 1))
     found = tp_groupings(search.topology, degree, nbytes=nbytes)
     search.notes[key] = found
@@ -84,9 +86,7 @@ def placements(grouping: Grouping, depth: int) -> list[list[tuple[str, ...]]]:
         placements((("a", "b"), ("c", "d")), 1)   # [[('a', 'b', 'c', 'd')]]
     """
     r = len(grouping) // depth
-    together = [
-        tuple(d for g in grouping[k * r : (k + 1) * r] for d in g) for k in range(depth)
-    ]
+    together = [tuple(d for g in grouping[k * r : (k + 1) * r] for d in g) for k in range(depth)]
     out = [together]
     if depth > 1 and r > 1:
         out.append(

@@ -45,7 +45,14 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
     def build(layout: Layout, m: Mesh = mesh) -> PlanShape:
         r, d, sh = layout
         return mesh_shape(
-            search, r, d, m, sh, c.schedule, c.microbatch_size, c.num_microbatches,
+            search,
+            r,
+            d,
+            m,
+            sh,
+            c.schedule,
+            c.microbatch_size,
+            c.num_microbatches,
             c.virtual_stages,
         )
 

@@ -70,7 +70,9 @@ def tp_groupings(
         return []
     # Walks first: where a clustering is no faster (a switch), the rank order wins the tie.
     paths = [names] if len(names) > _WALK_LIMIT else candidate_paths(topology)
-    found = [[tuple(p[k : k + degree]) for k in range(0, len(p) - degree + 1, degree)] for p in paths]
+    found = [
+        [tuple(p[k : k + degree]) for k in range(0, len(p) - degree + 1, degree)] for p in paths
+    ]
     clustered = _clustered(topology, degree)
     if clustered is not None:
         found.append(clustered)
@@ -107,7 +109,7 @@ def _clustered(topology: Topology, degree: int) -> list[tuple[str, ...]] | None:
     for island in _islands(topology):
         if len(island) % degree or len(island) > MATCHING_LIMIT:
             return None
-        clusters = [(d,) for d in island]
+        clusters: list[tuple[str, ...]] = [(d,) for d in island]
         while len(clusters[0]) < degree:
             clusters = _merge_pairs(topology, clusters)
         out.extend(clusters)
