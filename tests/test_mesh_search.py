@@ -6,6 +6,7 @@ a profile without tensor-parallel entries is searched as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -122,3 +123,27 @@ def test_degrees_and_placements() -> None:
     assert [(s.tensor_parallel, s.sequence_parallel, s.sharding) for s in shape.stages] == [
         (2, True, "zero1")
     ] * 2
+
+
+def test_stages_without_parameters_are_never_sharded() -> None:
+    """Layers without parameters (activations, pooling): the search and the peers leave a
+    stage of only those unsharded (the simulator refuses to shard nothing)."""
+    plain = _plain()
+    layers = [
+        dataclasses.replace(ly, param_count=0, param_bytes=0, optimizer_state_bytes=0)
+        if i >= 4
+        else ly
+        for i, ly in enumerate(plain.layers)
+    ]
+    profile = synthetic_tensor_parallel(dataclasses.replace(plain, layers=layers), (2,))
+    topo = _topo("nvlink-pairs")
+    search = Search(profile, topo, SolveOptions(), 60.0)
+    devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
+    shape = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2), "fsdp", "1f1b", 1, 8)
+    assert [s.sharding for s in shape.stages] == ["fsdp", "none"]
+    plan = solve(profile, topo, num_microbatches=8)
+    for row in plan.baselines:
+        assert row.feasible or row.reason, row.name
+    for st in plan.stages:
+        if st.sharding != "none":
+            assert any(ly.param_bytes for ly in layers[st.first : st.last + 1])

@@ -140,13 +140,20 @@ def mesh_shape(
     recompute: Sequence[bool] | None = None,
 ) -> PlanShape:
     """The candidate for these stages on ``mesh``; recompute as given or where a member's
-    memory needs it (:func:`mesh_recompute`).
+    memory needs it (:func:`mesh_recompute`); a stage without parameters is never sharded
+    (nothing to shard: the simulator refuses it).
 
     Example::
 
         mesh_shape(search, [(0, 7)], [("gpu0", "gpu1")], Mesh(2), "none", "1f1b", 4, 8)
     """
-    stages = mesh_stages(ranges, stage_devices, mesh, sharding, [False] * len(ranges))
+    shard = [sharding] * len(ranges) if isinstance(sharding, str) else list(sharding)
+    layers = search.profile.layers
+    shard = [
+        sh if any(ly.param_bytes for ly in layers[a : b + 1]) else "none"
+        for (a, b), sh in zip(ranges, shard, strict=True)
+    ]
+    stages = mesh_stages(ranges, stage_devices, mesh, shard, [False] * len(ranges))
     if recompute is None:
         recompute = mesh_recompute(search, stages, schedule, mb, m, virtual)
     stages = tuple(st.with_recompute(bool(rc)) for st, rc in zip(stages, recompute, strict=True))

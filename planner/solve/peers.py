@@ -223,7 +223,7 @@ class Peer:
                                 where[k],
                                 tensor_parallel=t,
                                 sequence_parallel=sp,
-                                sharding=sharding,
+                                sharding=sharding if _has_parameters(parts, r) else "none",
                             )
                             for k, r in enumerate(ranges)
                         )
@@ -308,16 +308,27 @@ def peers_for(profile: Profile) -> tuple[Peer, ...]:
     return PEERS if profile.tensor_parallel is None else TP_PEERS
 
 
+# Megatron-LM's and torchtitan's tensor parallelism stays within a node, up to 8 GPUs.
+MAX_NODE_TP = 8
+
+
 def _node_degrees(parts: PeerPartitions) -> list[int]:
-    """1 and the profile's tensor-parallel degrees that fit in every host and divide the
-    devices (none where a parameter is tied: the simulator does not split it)."""
+    """1 and the profile's tensor-parallel degrees that fit in every host (at most
+    :data:`MAX_NODE_TP`) and divide the devices (none where a parameter is tied: the
+    simulator does not split it)."""
     profile, topo = parts.profile, parts.topology
     info = profile.tensor_parallel
     if info is None or profile.tied_parameters:
         return [1]
-    per_host = min(len(devs) for devs in topo.hosts().values())
+    per_host = min(MAX_NODE_TP, *(len(devs) for devs in topo.hosts().values()))
     n = len(topo.devices)
     return [1, *(t for t in sorted(info.degrees) if t <= per_host and n % t == 0)]
+
+
+def _has_parameters(parts: PeerPartitions, layers: tuple[int, int]) -> bool:
+    """Whether these layers hold parameters (sharding a stage without is refused)."""
+    a, b = layers
+    return any(ly.param_bytes for ly in parts.profile.layers[a : b + 1])
 
 
 @dataclass(frozen=True)
