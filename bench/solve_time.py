@@ -203,7 +203,8 @@ def time_tp(batch: int = 512) -> dict[str, Any]:
         "search_alone_s": round(alone, 1),
         "search_alone_iteration_ms": round(best.iteration_ms, 1),
         "iteration_ms": round(plan.predicted.iteration_ms, 1),
-        "plan": f"PP{len(plan.stages)} x DP{st.replicas} x TP{st.tensor_parallel}"
+        "plan": f"PP{len(plan.stages) // plan.schedule.virtual_stages} x DP{st.replicas}"
+        + f" x TP{st.tensor_parallel}"
         + (", SP" if st.sequence_parallel else "")
         + (f", {st.sharding}" if st.sharding != "none" else "")
         + f", {plan.schedule.name} v={plan.schedule.virtual_stages}"
