@@ -81,6 +81,10 @@ def test_tensor_parallel_on_the_fast_links_when_it_pays(name: str) -> None:
     # The search alone (before any peer's plan joined) is reported beside the plan.
     assert plan.solver is not None and plan.solver.without_peers is not None
     assert "mesh" in plan.solver.method
+    for row in plan.baselines:
+        if row.kind == "tuned peer" and row.feasible:
+            assert row.iteration_ms is not None
+            assert _iteration_ms(plan) <= row.iteration_ms * (1 + 1e-9), row.name
 
 
 def test_plan_is_at_least_every_tensor_parallel_peer() -> None:
