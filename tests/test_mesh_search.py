@@ -151,3 +151,24 @@ def test_stages_without_parameters_are_never_sharded() -> None:
     for st in plan.stages:
         if st.sharding != "none":
             assert any(ly.param_bytes for ly in layers[st.first : st.last + 1])
+
+
+def test_solve_prints_groups_and_parallelism() -> None:
+    """`pipeplan solve`'s stage table writes a tensor-parallel group with '+' and says TP,
+    SP and sharding in a column of its own (plain plans print as before: no column)."""
+    from rich.console import Console
+
+    from planner.commands.solve import print_plan
+
+    topo = _topo("nvlink-pairs")
+    plan = solve(synthetic_tensor_parallel(_plain(), (2, 4, 8)), topo, num_microbatches=2)
+    console = Console(record=True, width=300)
+    print_plan(plan, [f"layer{i}" for i in range(8)], console=console)
+    text = console.export_text()
+    st = plan.stages[0]
+    assert "+".join(st.replica_groups[0]) in text
+    assert "parallelism" in text and f"TP{st.tensor_parallel}" in text
+    plain = solve(_plain(), topo, num_microbatches=2)
+    console = Console(record=True, width=300)
+    print_plan(plain, [f"layer{i}" for i in range(8)], console=console)
+    assert "parallelism" not in console.export_text()
