@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,10 @@ from planner.profile.schema import Profile
 from planner.solve import solve
 from planner.solve.mesh import Mesh, mesh_shape
 from planner.solve.mesh_grid import mesh_degrees, placements
+from planner.solve.mesh_search import mesh_search
 from planner.solve.options import SolveOptions
-from planner.solve.peers import PEERS, TP_PEERS, peers_for
-from planner.solve.search import Search
+from planner.solve.peers import PEERS, TP_PEERS, peers_for, tune_peers
+from planner.solve.search import Search, TimeUp
 from planner.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,3 +174,17 @@ def test_solve_prints_groups_and_parallelism() -> None:
     console = Console(record=True, width=300)
     print_plan(plain, [f"layer{i}" for i in range(8)], console=console)
     assert "parallelism" not in console.export_text()
+
+
+def test_past_the_deadline_no_sweep_or_bound_is_worked_out() -> None:
+    """The solve's time limit stops the sweep's cuts and the peers' bounds too (a
+    thousand-device sweep spends seconds on them before its first simulation)."""
+    profile = synthetic_tensor_parallel(_plain(), (2, 4))
+    topo = _topo("nvlink-pairs")
+    search = Search(profile, topo, SolveOptions(), 1.0, deadline=time.perf_counter() - 1.0)
+    with pytest.raises(TimeUp):
+        mesh_search(search, [(1, 8)], ["1f1b"])
+    assert not any(key[0] == "mesh cuts" for key in search.notes)
+    tuned = tune_peers(search, [(1, 8)])
+    assert all("time limit" in (best.reason or "") for best in tuned)
+    assert not search.bounds and search.sims == 0

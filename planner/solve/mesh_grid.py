@@ -142,6 +142,7 @@ def _cut_shapes(
     mb: int,
     m: int,
 ) -> Iterator[PlanShape]:
+    search.check_clock("mesh grid")  # the cuts of a big sweep take seconds before a simulation
     r = len(stage_devices[0]) // mesh.degree
     for sharding in _shardings(r, schedule):
         sharded = sharding != "none"

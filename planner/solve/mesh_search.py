@@ -66,10 +66,12 @@ def mesh_search(
     big = scale > MESH_SCALE
     shapes = list(dict.fromkeys(mesh_grid(search, settings, primary)))
     if big:
-        ranked = sorted(
-            ((mesh_estimate_ms(search, c) / c.samples, i, c) for i, c in enumerate(shapes)),
-            key=lambda x: (x[0], x[1]),
-        )
+        ranked = []
+        for i, c in enumerate(shapes):
+            if i % 64 == 0:
+                search.check_clock("mesh grid")
+            ranked.append((mesh_estimate_ms(search, c) / c.samples, i, c))
+        ranked.sort(key=lambda x: (x[0], x[1]))
         shapes = [c for _, _, c in ranked[:MESH_BOUNDED]]
     starts = 1 if big else LOCAL_STARTS
     scored = by_bound(search, shapes, incumbents, "mesh grid", starts)

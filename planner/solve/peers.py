@@ -414,7 +414,7 @@ def _best_of(
     configuration); one whose static memory overflows a device is passed over unsimulated
     (it cannot fit). Also how many were simulated (or found simulated)."""
     ranked = sorted(
-        ((search.bound_per_sample(c.shape), i, c) for i, c in enumerate(configs)),
+        ((_bound(search, c), i, c) for i, c in enumerate(configs)),
         key=lambda x: (x[0], x[1]),
     )
     best: tuple[PeerConfig, Scored] | None = None
@@ -430,6 +430,14 @@ def _best_of(
         if got.fits and (got.per_sample_ms, index) < best_key:
             best, best_key = (settled, got), (got.per_sample_ms, index)
     return best, simulated
+
+
+def _bound(search: Search, config: PeerConfig) -> float:
+    """``config``'s bound per sample; :class:`TimeUp` once the solve's deadline has passed
+    (a sweep of a thousand devices spends seconds on its bounds alone)."""
+    if config.shape not in search.bounds:
+        search.check_clock(f"peer {config.peer}")
+    return search.bound_per_sample(config.shape)
 
 
 def tune_peers(
