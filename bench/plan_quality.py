@@ -22,13 +22,19 @@ simulator on the same profile, topology and batch:
 With tensor parallelism: the bundled gpt profile with synthetic Megatron-style entries for
 degrees 2, 4 and 8, sequence parallelism included (``planner.cost.synthetic_tensor_parallel``:
 every layer split, the embedding and head as vocab-parallel layers; exact numbers, not a
-profiler run), profile ``gpt+tp``, on every topology: the search then explores TP, SP and
+profiler run), profile ``gpt+tp``; and ``hf-llama+tp``: ``examples/hf_llama.py`` (a small
+Hugging Face Llama, grouped-query attention with 2 key/value heads, so TP 2 at most) counted
+by the
+analytic profiler on the H100 SXM with its TP 2 shards, with and without sequence
+parallelism (transformers' ``base_model_tp_plan``, the example's ``tp_plan()`` for SP):
+real shard counts, not synthetic ones (left out, with the reason printed, where
+transformers is not installed). Both on every topology: the search then explores TP, SP and
 ZeRO-1 / FSDP too, and the tuned peers are Megatron-LM and torchtitan with TP, DeepSpeed
 ZeRO-3 and FSDP beside the others (``planner.solve.peers.TP_PEERS``).
 
 Summary: geometric mean and worst ``vs_best_peer`` (and ``search_alone``) over the uneven
 topologies (uneven links, mixed devices, two nodes, irregular fabric) and over all cases
-of the bundled profiles, and the same over the ``gpt+tp`` cases (``tp_...``).
+of the bundled profiles, and the same over the ``gpt+tp`` and ``hf-llama+tp`` cases (``tp_...``).
 Everything is simulated and deterministic (no timings: solve times are bench/solve_time.py's
 and bench/solver_scaling.py's), so the results do not depend on the machine.
 
@@ -50,6 +56,8 @@ from typing import Any
 from planner.cost import synthetic_tensor_parallel
 from planner.errors import InfeasibleError
 from planner.profile import Profile, load_profile
+from planner.profile.analytic import analytic_profile
+from planner.profile.tensor_parallel import TensorParallelRequest
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -60,6 +68,8 @@ QUICK_TOPOLOGIES = ("cpu", "hetero")
 # Uneven links, mixed devices, two nodes, an irregular fabric.
 UNEVEN = ("dgx1-v100", "hetero", "two-node-ib", "nvlink-pairs")
 TP_NAME = "gpt+tp"
+LLAMA_NAME = "hf-llama+tp"
+TP_NAMES = (TP_NAME, LLAMA_NAME)
 
 
 def _ratio(a: float | None, b: float) -> float | None:
@@ -84,6 +94,21 @@ def _plan_shape(plan: Any) -> str:
 def tp_profile() -> Profile:
     """The bundled gpt profile with synthetic TP 2/4/8 entries (module docstring)."""
     return synthetic_tensor_parallel(load_profile(ROOT / "profiles" / "gpt.json"), (2, 4, 8))
+
+
+def llama_tp_profile() -> Profile | str:
+    """``examples/hf_llama.py`` counted on the H100 SXM with its TP 2 shards (module
+    docstring), or why not (transformers missing)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed (pip install -e '.[hf]')"
+    return analytic_profile(
+        ROOT / "examples" / "hf_llama.py",
+        [1, 2],
+        gpu="h100-sxm",
+        tensor_parallel=TensorParallelRequest((2,), sequence_parallel=True),
+    )
 
 
 def run_case(profile_path: Path | tuple[str, Profile], topo_path: Path) -> dict[str, Any]:
@@ -137,10 +162,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Geometric mean and worst ratio, on the uneven topologies and over all cases."""
     out: dict[str, Any] = {}
     scopes = (
-        ("uneven", lambda r: r["profile"] != TP_NAME and r["topology"] in UNEVEN),
-        ("all", lambda r: r["profile"] != TP_NAME),
-        ("tp_uneven", lambda r: r["profile"] == TP_NAME and r["topology"] in UNEVEN),
-        ("tp_all", lambda r: r["profile"] == TP_NAME),
+        ("uneven", lambda r: r["profile"] not in TP_NAMES and r["topology"] in UNEVEN),
+        ("all", lambda r: r["profile"] not in TP_NAMES),
+        ("tp_uneven", lambda r: r["profile"] in TP_NAMES and r["topology"] in UNEVEN),
+        ("tp_all", lambda r: r["profile"] in TP_NAMES),
     )
     for scope, keep in scopes:
         for key in ("vs_best_peer", "search_alone"):
@@ -165,6 +190,11 @@ def main() -> None:
         profiles = [p for p in profiles if p.stem in QUICK_PROFILES]
         topologies = [t for t in topologies if t.stem in QUICK_TOPOLOGIES]
     sources: list[Path | tuple[str, Profile]] = [*profiles, (TP_NAME, tp_profile())]
+    llama = llama_tp_profile()
+    if isinstance(llama, str):
+        print(f"{LLAMA_NAME} left out: {llama}")
+    else:
+        sources.append((LLAMA_NAME, llama))
     cases = [run_case(p, t) for p in sources for t in topologies]
     print("profile | topology | pipeplan | best tuned peer | vs peer | search alone")
     for r in cases:
