@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from planner.solve.mesh import Mesh, mesh_shape
 from planner.solve.mesh_grid import mesh_degrees, placements
 from planner.solve.mesh_search import mesh_search
 from planner.solve.options import SolveOptions
-from planner.solve.peers import PEERS, TP_PEERS, peers_for, tune_peers
+from planner.solve.peer_partitions import PeerPartitions
+from planner.solve.peers import PEERS, TP_PEERS, PeerConfig, peers_for, settle, tune_peers
 from planner.solve.search import Search, TimeUp
 from planner.topology import Topology, load_topology
 
@@ -188,3 +190,24 @@ def test_past_the_deadline_no_sweep_or_bound_is_worked_out() -> None:
     tuned = tune_peers(search, [(1, 8)])
     assert all("time limit" in (best.reason or "") for best in tuned)
     assert not search.bounds and search.sims == 0
+
+
+@pytest.mark.parametrize("name", ["nvlink-pairs", "two-node-ib"])
+def test_tp_peers_bounded_sweep_finds_what_simulating_everything_finds(name: str) -> None:
+    """The tuned peers with tensor parallelism and sharding (visited by bound, stopped where
+    no bound can beat the best) find what simulating every configuration finds."""
+    profile = synthetic_tensor_parallel(_plain(), (2, 4, 8))
+    topo = _topo(name)
+    settings = [(1, 16)]
+    brute = Search(profile, topo, SolveOptions(), 60.0)
+    parts = PeerPartitions(profile, topo)
+    got = tune_peers(Search(profile, topo, SolveOptions(), 60.0), settings)
+    assert [b.peer for b in got] == [p.name for p in TP_PEERS]
+    for peer, best in zip(TP_PEERS, got, strict=True):
+        configs = [c for c in peer.configurations(parts, settings) if isinstance(c, PeerConfig)]
+        runs = [settle(brute, c)[1] for c in configs]
+        expected = min((r.per_sample_ms for r in runs if r.fits), default=math.inf)
+        assert best.per_sample_ms == pytest.approx(expected, rel=1e-12), peer.name
+        if peer.name in ("Megatron-LM", "torchtitan"):
+            assert {c.tensor_parallel for c in configs} == {1, 2, 4, 8}
+    assert sum(b.simulations for b in got) < sum(b.configurations for b in got)
