@@ -21,8 +21,22 @@ simulator on the same profile, topology and batch:
   time with an equal share of the work at its speed): no plan can beat a peer by more;
   ``vs_bound``: pipeplan / that bound.
 
+With tensor parallelism: the bundled gpt profile with synthetic Megatron-style entries for
+degrees 2, 4 and 8, sequence parallelism included (``planner.cost.synthetic_tensor_parallel``:
+every layer split, the embedding and head as vocab-parallel layers; exact numbers, not a
+profiler run), profile ``gpt+tp``; and ``hf-llama+tp``: ``examples/hf_llama.py`` (a small
+Hugging Face Llama, grouped-query attention with 2 key/value heads, so TP 2 at most) counted
+by the
+analytic profiler on the H100 SXM with its TP 2 shards, with and without sequence
+parallelism (transformers' ``base_model_tp_plan``, the example's ``tp_plan()`` for SP):
+real shard counts, not synthetic ones (left out, with the reason printed, where
+transformers is not installed). Both on every topology: the search then explores TP, SP and
+ZeRO-1 / FSDP too, and the tuned peers are Megatron-LM and torchtitan with TP, DeepSpeed
+ZeRO-3 and FSDP beside the others (``planner.solve.peers.TP_PEERS``).
+
 Summary: geometric mean and worst ``vs_best_peer`` (and ``search_alone``) over the uneven
-topologies (uneven links, mixed devices, two nodes, irregular fabric) and over all cases.
+topologies (uneven links, mixed devices, two nodes, irregular fabric) and over all cases
+of the bundled profiles, and the same over the ``gpt+tp`` and ``hf-llama+tp`` cases (``tp_...``).
 Everything is simulated and deterministic (no timings: solve times are bench/solve_time.py's
 and bench/solver_scaling.py's), so the results do not depend on the machine.
 
@@ -41,8 +55,11 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from planner.cost import synthetic_tensor_parallel
 from planner.errors import InfeasibleError
-from planner.profile import load_profile
+from planner.profile import Profile, load_profile
+from planner.profile.analytic import analytic_profile
+from planner.profile.tensor_parallel import TensorParallelRequest
 from planner.solve import solve
 from planner.topology import load_topology
 
@@ -52,6 +69,9 @@ QUICK_PROFILES = ("mlp", "gpt")
 QUICK_TOPOLOGIES = ("cpu", "hetero")
 # Uneven links, mixed devices, two nodes, an irregular fabric.
 UNEVEN = ("dgx1-v100", "hetero", "two-node-ib", "nvlink-pairs")
+TP_NAME = "gpt+tp"
+LLAMA_NAME = "hf-llama+tp"
+TP_NAMES = (TP_NAME, LLAMA_NAME)
 
 
 def _ratio(a: float | None, b: float) -> float | None:
@@ -59,19 +79,49 @@ def _ratio(a: float | None, b: float) -> float | None:
 
 
 def _plan_shape(plan: Any) -> str:
-    reps = sorted({len(s.devices) for s in plan.stages})
+    st0 = plan.stages[0]
+    reps = sorted({s.replicas for s in plan.stages})
     shape = f"{len(plan.stages)}st x {'/'.join(map(str, reps))}"
+    if st0.tensor_parallel > 1:
+        shape += f" x TP{st0.tensor_parallel}" + (", SP" if st0.sequence_parallel else "")
+    shardings = sorted({s.sharding for s in plan.stages} - {"none"})
+    if shardings:
+        shape += ", " + "/".join(shardings)
     sched = plan.schedule.name
     if plan.schedule.virtual_stages > 1:
         sched += f" v={plan.schedule.virtual_stages}"
     return f"{shape}, mb {plan.microbatch_size} x {plan.num_microbatches}, {sched}"
 
 
-def run_case(profile_path: Path, topo_path: Path) -> dict[str, Any]:
-    """One profile on one topology: pipeplan's plan against each tuned peer."""
-    profile = load_profile(profile_path)
+def tp_profile() -> Profile:
+    """The bundled gpt profile with synthetic TP 2/4/8 entries (module docstring)."""
+    return synthetic_tensor_parallel(load_profile(ROOT / "profiles" / "gpt.json"), (2, 4, 8))
+
+
+def llama_tp_profile() -> Profile | str:
+    """``examples/hf_llama.py`` counted on the H100 SXM with its TP 2 shards (module
+    docstring), or why not (transformers missing)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed (pip install -e '.[hf]')"
+    return analytic_profile(
+        ROOT / "examples" / "hf_llama.py",
+        [1, 2],
+        gpu="h100-sxm",
+        tensor_parallel=TensorParallelRequest((2,), sequence_parallel=True),
+    )
+
+
+def run_case(profile_path: Path | tuple[str, Profile], topo_path: Path) -> dict[str, Any]:
+    """One profile (a file, or a name and a profile) on one topology: pipeplan's plan
+    against each tuned peer."""
+    if isinstance(profile_path, tuple):
+        name, profile = profile_path
+    else:
+        name, profile = profile_path.stem, load_profile(profile_path)
     topo = load_topology(topo_path)
-    case = {"profile": profile_path.stem, "topology": topo_path.stem}
+    case = {"profile": name, "topology": topo_path.stem}
     try:
         plan = solve(profile, topo, time_limit=60.0)
     except InfeasibleError as exc:
@@ -113,7 +163,13 @@ def _geomean(xs: list[float]) -> float | None:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Geometric mean and worst ratio, on the uneven topologies and over all cases."""
     out: dict[str, Any] = {}
-    for scope, keep in (("uneven", lambda r: r["topology"] in UNEVEN), ("all", lambda r: True)):
+    scopes = (
+        ("uneven", lambda r: r["profile"] not in TP_NAMES and r["topology"] in UNEVEN),
+        ("all", lambda r: r["profile"] not in TP_NAMES),
+        ("tp_uneven", lambda r: r["profile"] in TP_NAMES and r["topology"] in UNEVEN),
+        ("tp_all", lambda r: r["profile"] in TP_NAMES),
+    )
+    for scope, keep in scopes:
         for key in ("vs_best_peer", "search_alone"):
             xs = [r[key] for r in rows if keep(r) and r.get(key) is not None]
             out[f"{scope}_{key}_geomean"] = _geomean(xs)
@@ -135,7 +191,13 @@ def main() -> None:
     if args.quick:
         profiles = [p for p in profiles if p.stem in QUICK_PROFILES]
         topologies = [t for t in topologies if t.stem in QUICK_TOPOLOGIES]
-    cases = [run_case(p, t) for p in profiles for t in topologies]
+    sources: list[Path | tuple[str, Profile]] = [*profiles, (TP_NAME, tp_profile())]
+    llama = llama_tp_profile()
+    if isinstance(llama, str):
+        print(f"{LLAMA_NAME} left out: {llama}")
+    else:
+        sources.append((LLAMA_NAME, llama))
+    cases = [run_case(p, t) for p in sources for t in topologies]
     print("profile | topology | pipeplan | best tuned peer | vs peer | search alone")
     for r in cases:
         if "infeasible" in r:

@@ -14,11 +14,21 @@ Cases:
   16-device heterogeneous topology (8 A100 on NVSwitch, 4 V100 and 4 T4 on PCIe, 25 GB/s
   Ethernet between the hosts), 16 and 8 stages, CBC with the default 60 s time limit,
   warm-started from the DP; status and gap as CBC reports them.
+- ``tp 96x1024``: GPT-3 175B-shaped (96 identical blocks, h = 12288, sequence 2048, mixed
+  precision Adam: 2 bytes of weights and 12 of optimizer state per parameter, forward
+  ``24 s h^2 + 4 s^2 h`` FLOPs at 400 TFLOP/s) with Megatron-style tensor-parallel entries
+  for degrees 2, 4 and 8 (``planner.cost.synthetic_tensor_parallel``: exact numbers, not a
+  profiler run), on 1024 H100s (``pipeplan topology cluster --preset dgx-h100 --nodes
+  128``), global batch 512 sequences: the whole solve as ``pipeplan solve`` runs it (the
+  search over TP, SP, sharding, depth, replicas, placement, microbatching and schedule, then
+  the tuned peers, Megatron-LM and torchtitan with TP among them) without a time limit, and
+  pipeplan's own search alone (``searched``: no peers).
 
 Run::
 
     .venv/bin/python bench/solve_time.py           # table + bench/results/solve_time.json
-    .venv/bin/python bench/solve_time.py --quick   # skip the baselines timing and the ILP
+    .venv/bin/python bench/solve_time.py --quick   # skip the baselines timing, the ILP, TP
+    .venv/bin/python bench/solve_time.py --tp      # the TP row alone (merged into the JSON)
 """
 
 from __future__ import annotations
@@ -31,12 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.partition.dp import Slot, layer_costs, partition_chain, partition_chain_depths
 from planner.partition.ilp import solve_ilp
 from planner.profile import Layer, LayerTiming, Measurement, Profile, load_profile
 from planner.solve import SolveOptions, baseline_partitions, solve
+from planner.solve.arguments import batch_settings
+from planner.solve.entry import searched
 from planner.solve.memory import in_flight as stashed
+from planner.solve.options import AUTO_SCHEDULES
+from planner.solve.search import Search
 from planner.topology import Topology, topology_from_dict, uniform_topology
+from planner.topology.cluster import cluster_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "solve_time.json"
@@ -148,9 +164,68 @@ def time_ilp(profile: Profile, topo: Topology, stages: int, m: int) -> dict[str,
     }
 
 
+def gpt3_175b_tp() -> Profile:
+    """GPT-3 175B-shaped blocks with synthetic TP 2/4/8 entries (module docstring)."""
+    h, seq = 12288, 2048
+    params = 12 * h * h
+    fwd_ms = (24 * seq * h * h + 4 * seq * seq * h) / 400e12 * 1e3
+    base = synthetic_profile(
+        96,
+        forward_ms=fwd_ms,
+        backward_input_ms=fwd_ms,
+        backward_weight_ms=fwd_ms,
+        param_bytes=2 * params,
+        optimizer_state_bytes=12 * params,
+        output_bytes=2 * seq * h,
+        saved_bytes=34 * seq * h + 5 * 96 * seq * seq,
+        input_bytes=2 * seq * h,
+        optimizer_ms=10.0,
+    )
+    return synthetic_tensor_parallel(base, (2, 4, 8))
+
+
+def time_tp(batch: int = 512) -> dict[str, Any]:
+    """The ``tp 96x1024`` row: the whole solve (no time limit), then the search alone."""
+    profile = gpt3_175b_tp()
+    topo = topology_from_dict(cluster_dict("dgx-h100", 128), "<dgx-h100 x128>")
+    start = time.perf_counter()
+    plan = solve(profile, topo, global_batch=batch, time_limit=3600.0)
+    seconds = time.perf_counter() - start
+    settings = batch_settings(profile, batch, None, len(topo.devices))
+    start = time.perf_counter()
+    own = searched(Search(profile, topo, SolveOptions(), 3600.0), settings, AUTO_SCHEDULES)
+    alone = time.perf_counter() - start
+    best = min((x for x in own if x.fits), key=lambda x: x.key())
+    st = plan.stages[0]
+    peers = {b.name: b.iteration_ms for b in plan.baselines if b.kind == "tuned peer"}
+    return {
+        "seconds": round(seconds, 1),
+        "search_alone_s": round(alone, 1),
+        "search_alone_iteration_ms": round(best.iteration_ms, 1),
+        "iteration_ms": round(plan.predicted.iteration_ms, 1),
+        "plan": f"PP{len(plan.stages) // plan.schedule.virtual_stages} x DP{st.replicas}"
+        + f" x TP{st.tensor_parallel}"
+        + (", SP" if st.sequence_parallel else "")
+        + (f", {st.sharding}" if st.sharding != "none" else "")
+        + f", {plan.schedule.name} v={plan.schedule.virtual_stages}"
+        + f", mb {plan.microbatch_size} x {plan.num_microbatches}",
+        "simulations": plan.solver.simulations,
+        "method": plan.solver.method,
+        "tuned_peers_ms": {k: None if v is None else round(v, 1) for k, v in peers.items()},
+        "note": "measured on a shared 2-core machine under load from other jobs",
+    }
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     rows: dict[str, Any] = {}
+    if "--tp" in sys.argv:
+        old = json.loads(OUT.read_text()) if OUT.exists() else {"rows": {}}
+        rows = {**old["rows"], "tp 96x1024": time_tp()}
+        print(json.dumps(rows["tp 96x1024"], indent=1))
+        OUT.write_text(json.dumps({**old, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {OUT.relative_to(ROOT)}")
+        return
     topo64 = uniform_topology(64, bandwidth=50e9, latency_ms=0.002)
     small = chain_profile(200, param_mib=20)
     large = chain_profile(200, param_mib=400)
@@ -169,6 +244,7 @@ def main() -> None:
         rows["ilp 48x16 S=16"] = time_ilp(gnmt, topo16, 16, 32)
         rows["ilp 48x16 S=8"] = time_ilp(gnmt, topo16, 8, 32)
         rows["solve 48x16 gnmt"] = time_solve(gnmt, topo16, 32 * 32)
+        rows["tp 96x1024"] = time_tp()
     print(f"{'case':24s} {'seconds':>8s}  details")
     for name, row in rows.items():
         secs = row.get("seconds", row.get("all_depths_s"))

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from planner.plan import Plan, Prediction
+    from planner.stages import StageSpec
 
 __all__ = ["print_plan", "register", "solve_command"]
 
@@ -127,13 +128,18 @@ def print_plan(
         + f", {plan.num_microbatches} microbatches of {plan.microbatch_size}"
     )
     table = Table(title=title)
-    for col in ("stage", "layers", "devices", "recompute"):
+    # Tensor-parallel groups are written with '+', and a column says TP, SP and sharding
+    # (only where a stage has them: plain plans print as they always did).
+    parallel = not all(s.is_plain for s in plan.stages)
+    for col in ("stage", "layers", "devices", "recompute") + (("parallelism",) if parallel else ()):
         table.add_column(col)
     for s in plan.stages:
         a, b = s.layers
         names = f"{a}-{b}" if a != b else f"{a}"
         span = f"{names}  ({layer_names[a]} .. {layer_names[b]})" if a != b else names
-        table.add_row(str(s.id), span, ", ".join(s.devices), "yes" if s.recompute else "")
+        devices = ", ".join("+".join(g) for g in s.replica_groups)
+        row = [str(s.id), span, devices, "yes" if s.recompute else ""]
+        table.add_row(*row, *((_parallelism(s),) if parallel else ()))
     console.print(table)
     if plan.predicted is not None:
         _print_prediction(console, plan.predicted)
@@ -161,6 +167,16 @@ def print_plan(
     _print_peers(console, plan)
     if output is not None:
         console.print(f"Wrote {output}")
+
+
+def _parallelism(stage: StageSpec) -> str:
+    """``TP2, SP, zero1``: a stage's parallelism beyond replicas (empty for a plain one)."""
+    extra = [f"TP{stage.tensor_parallel}"] if stage.tensor_parallel > 1 else []
+    if stage.sequence_parallel:
+        extra.append("SP")
+    if stage.sharding != "none":
+        extra.append(stage.sharding)
+    return ", ".join(extra)
 
 
 def _print_prediction(console: Console, pred: Prediction) -> None:

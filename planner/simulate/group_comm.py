@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -146,6 +147,38 @@ def group_transfer(
 
         group_transfer(topology, ("gpu0", "gpu1"), ("gpu4", "gpu5"), 2**20)
     """
+    use, latency = _group_route(topology, tuple(sources), tuple(targets))
+    wire = 0.0
+    if nbytes:
+        wire = max(
+            (n * nbytes / topology.link_bandwidth(*hop) * 1e3 for hop, n in use.items()),
+            default=0.0,
+        )
+    return list(use), latency, wire
+
+
+# The links member-to-member transfers use and their longest latency, per topology and
+# pair of groups: a solve times the same pairs of groups in every candidate and bound
+# (a bounded cache, like the topology's own route caches).
+_GroupRoute = tuple[dict[tuple[str, str], int], float]
+_GROUP_ROUTES: weakref.WeakKeyDictionary[
+    Topology, dict[tuple[tuple[str, ...], tuple[str, ...]], _GroupRoute]
+] = weakref.WeakKeyDictionary()
+_MAX_GROUP_ROUTES = 1 << 16
+
+
+def _group_route(
+    topology: Topology, sources: tuple[str, ...], targets: tuple[str, ...]
+) -> _GroupRoute:
+    """How many of the member pairs' routes use each directed link, and the longest
+    route latency (cached per topology; see :func:`group_transfer`)."""
+    per = _GROUP_ROUTES.get(topology)
+    if per is None:
+        per = _GROUP_ROUTES[topology] = {}
+    key = (sources, targets)
+    hit = per.get(key)
+    if hit is not None:
+        return hit
     use: dict[tuple[str, str], int] = {}
     latency = 0.0
     for a, b in zip(sources, targets, strict=True):
@@ -154,13 +187,10 @@ def group_transfer(
         latency = max(latency, topology.latency_ms(a, b))
         for hop in topology.route_links(a, b):
             use[hop] = use.get(hop, 0) + 1
-    wire = 0.0
-    if nbytes:
-        wire = max(
-            (n * nbytes / topology.link_bandwidth(*hop) * 1e3 for hop, n in use.items()),
-            default=0.0,
-        )
-    return list(use), latency, wire
+    if len(per) >= _MAX_GROUP_ROUTES:
+        per.clear()
+    per[key] = (use, latency)
+    return use, latency
 
 
 def group_transfer_ms(

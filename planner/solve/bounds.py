@@ -322,10 +322,9 @@ def overflows_memory(
     held: dict[str, int] = {}
     for st in stages:
         if not st.is_plain:
+            member = member_static_bytes(profile, st, weight_versions=versions)
             for d in st.devices:
-                held[d] = held.get(d, 0) + member_static_bytes(
-                    profile, st, weight_versions=versions
-                )
+                held[d] = held.get(d, 0) + member
             continue
         per_device = stage_static_bytes(profile, st.first, st.last, replicas=len(st.devices))
         per_device += (versions - 1) * stage_param_bytes(profile, st.first, st.last)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Sequence
 
 from planner.errors import InputError
 from planner.plan import Plan
@@ -25,7 +26,8 @@ from planner.profile.schema import Profile, as_profile
 from planner.schedule.families import family
 from planner.solve.arguments import batch_settings, check_args, check_batch_settings
 from planner.solve.infeasible import nothing_fits, schedule_does_not_fit
-from planner.solve.options import AUTO_SCHEDULES, SolveOptions
+from planner.solve.mesh_search import mesh_search
+from planner.solve.options import AUTO_SCHEDULES, MESH_SCALE, SolveOptions
 from planner.solve.own_search import own_search
 from planner.solve.peer_report import PeerReport, peer_report, seeded_by_peers
 from planner.solve.scored import Scored
@@ -34,7 +36,7 @@ from planner.solve.ties import choose_plan
 from planner.solve.to_plan import to_plan
 from planner.topology import Topology, as_topology
 
-__all__ = ["solve"]
+__all__ = ["searched", "solve"]
 
 
 def solve(
@@ -91,7 +93,7 @@ def solve(
     schedules = list(AUTO_SCHEDULES) if schedule == "auto" else [schedule]
     search = Search(profile, topology, opts, time_limit, deadline=clock + time_limit)
     try:
-        own = own_search(search, settings, schedules)
+        own = searched(search, settings, schedules)
     except TimeUp:
         own = search.found()  # nothing from the peers yet: the search's own plans
     final = [x for x in own if x.shape.schedule in schedules]
@@ -126,6 +128,27 @@ def solve(
         # What the search found on its own: its fastest, before any tie-break.
         unseeded=min(mine, key=Scored.key) if mine else None,
     )
+
+
+def searched(
+    search: Search, settings: Sequence[tuple[int, int]], schedules: Sequence[str]
+) -> list[Scored]:
+    """pipeplan's own search, before any peer plan joins: the plain search
+    (:func:`~planner.solve.own_search.own_search`) and, where the profile has
+    tensor-parallel entries, the search over tensor parallelism, sequence parallelism and
+    sharding (:func:`~planner.solve.mesh_search.mesh_search`) beside it; on big instances
+    (devices x microbatches above :data:`~planner.solve.options.MESH_SCALE`) the latter
+    alone, its degree 1 covering the plain plans.
+
+    Example::
+
+        best = min(searched(search, [(4, 8)], ["1f1b"]), key=Scored.key)
+    """
+    if search.profile.tensor_parallel is None:
+        return own_search(search, settings, schedules)
+    scale = len(search.topology.devices) * max(m for _, m in settings)
+    own = own_search(search, settings, schedules) if scale <= MESH_SCALE else []
+    return [*own, *mesh_search(search, settings, schedules, own)]
 
 
 def _renamed(microbatches: int | None, num_microbatches: int | None) -> int | None:

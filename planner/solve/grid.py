@@ -23,7 +23,7 @@ from planner.solve.bounds import busy_bound_ms, pipeline_bound_ms, search_bound_
 from planner.solve.dp_candidates import DpCand
 from planner.solve.options import INTERLEAVED_BASE, INTERLEAVED_SEEDS, VIRTUAL_CHUNKS
 from planner.solve.recut import interleaved, recut
-from planner.solve.scored import Scored
+from planner.solve.scored import Scored, stage_key
 from planner.solve.search import Search, make_shape
 
 __all__ = ["by_bound", "grid_interleaved", "grid_shapes"]
@@ -150,5 +150,5 @@ def by_bound(
 
 def _note_time(best: dict[tuple[Any, ...], float], x: Scored) -> None:
     """Keep the best time per sample of ``x``'s partition and device groups."""
-    shape = tuple((s.layers, s.devices) for s in x.shape.stages)
+    shape = stage_key(x.shape)
     best[shape] = min(best.get(shape, math.inf), x.per_sample_ms)

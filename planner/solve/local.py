@@ -10,21 +10,21 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from planner.shape import PlanShape
 from planner.solve.options import LOCAL_FLOOR
-from planner.solve.scored import Scored
+from planner.solve.scored import Scored, stage_key
 from planner.solve.search import Search, make_shape
 
-__all__ = ["distinct_starts", "local_budget", "local_search", "neighbours"]
+__all__ = ["distinct_starts", "local_budget", "local_search", "moved_cut", "neighbours"]
 
 Ranges = list[tuple[int, int]]
 Groups = list[tuple[str, ...]]
 
 
-def _moved_cut(ranges: Ranges, k: int) -> Iterator[Ranges]:
+def moved_cut(ranges: Ranges, k: int) -> Iterator[Ranges]:
     """``ranges`` with the cut after stage ``k`` moved by one or two layers either way."""
     for delta in (-1, 1, -2, 2):
         cut = ranges[k][1] + delta
@@ -89,7 +89,7 @@ def _replica_moves(ranges: Ranges, groups: Groups) -> Iterator[tuple[Ranges, Gro
                 g[j] = (*groups[j], x)
                 yield list(ranges), g
                 if abs(i - j) == 1:
-                    for new in _moved_cut(ranges, min(i, j)):
+                    for new in moved_cut(ranges, min(i, j)):
                         yield new, list(g)
 
 
@@ -123,7 +123,7 @@ def neighbours(cand: PlanShape, names: Sequence[str], n: int) -> Iterator[tuple[
     ranges = [s.layers for s in cand.stages]
     groups = [s.devices for s in cand.stages]
     for k in range(len(ranges) - 1):
-        for new in _moved_cut(ranges, k):
+        for new in moved_cut(ranges, k):
             yield new, list(groups)
     if cand.virtual_stages > 1:
         return
@@ -148,7 +148,7 @@ def distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
     for x in sorted(scored, key=Scored.key):
         if not x.fits:
             break
-        shape = tuple((s.layers, s.devices) for s in x.shape.stages)
+        shape = stage_key(x.shape)
         if shape in seen:
             continue
         seen.add(shape)
@@ -158,36 +158,46 @@ def distinct_starts(scored: Sequence[Scored], count: int) -> list[Scored]:
     return out
 
 
-def local_search(search: Search, start: Scored, budget: int) -> Scored:
-    """First-improvement descent over :func:`neighbours` from ``start``, for ``budget``
-    new neighbours. A neighbour whose bound cannot beat the current best is counted but
-    not simulated (:meth:`planner.solve.search.Search.cannot_beat`): simulated it would
-    not have been taken, so the descent is the same, for fewer simulations.
+def _plain_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
+    """:func:`neighbours` as shapes (recompute where memory needs it)."""
+    names = search.topology.device_names()
+    for ranges, groups in neighbours(c, names, search.profile.num_layers):
+        yield make_shape(
+            search,
+            ranges,
+            groups,
+            c.schedule,
+            c.microbatch_size,
+            c.num_microbatches,
+            virtual=c.virtual_stages,
+        )
+
+
+def local_search(
+    search: Search,
+    start: Scored,
+    budget: int,
+    moves: Callable[[Search, PlanShape], Iterator[PlanShape]] | None = None,
+) -> Scored:
+    """First-improvement descent over :func:`neighbours` (or ``moves``: the search over
+    tensor parallelism and sharding has its own) from ``start``, for ``budget`` new
+    neighbours. A neighbour whose bound cannot beat the current best is counted but not
+    simulated (:meth:`planner.solve.search.Search.cannot_beat`): simulated it would not
+    have been taken, so the descent is the same, for fewer simulations.
 
     Example::
 
         better = local_search(search, start, 24)
     """
     best = start
-    names = search.topology.device_names()
-    n = search.profile.num_layers
     spent = 0
     improved = True
+    step = moves or _plain_moves
     while improved and spent < budget:
         improved = False
-        for ranges, groups in neighbours(best.shape, names, n):
+        for cand in step(search, best.shape):
             if spent >= budget:
                 break
-            c = best.shape
-            cand = make_shape(
-                search,
-                ranges,
-                groups,
-                c.schedule,
-                c.microbatch_size,
-                c.num_microbatches,
-                virtual=c.virtual_stages,
-            )
             if cand in search.cache:
                 scored = search.cache[cand]
             else:

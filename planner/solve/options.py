@@ -24,6 +24,8 @@ __all__ = [
     "LOCAL_FLOOR",
     "LOCAL_STARTS",
     "MAX_FRONT_DPS",
+    "MESH_BOUNDED",
+    "MESH_SCALE",
     "SCHEDULE_CHOICES",
     "VIRTUAL_CHUNKS",
     "SolveOptions",
@@ -50,6 +52,12 @@ VIRTUAL_CHUNKS = (2, 3, 4)
 # Plans the local search starts from, and the fewest simulations it gets from the best.
 LOCAL_STARTS = 3
 LOCAL_FLOOR = 24
+# The search over tensor parallelism and sharding (profiles with tensor-parallel entries):
+# beyond MESH_SCALE devices x microbatches, only the MESH_BOUNDED most promising shapes of
+# its sweep (by a quick estimate) have their bounds worked out, and pipeplan's plain search
+# (DP candidates, ILP, local search over single devices) is left to the sweep's degree 1.
+MESH_SCALE = 8192
+MESH_BOUNDED = 64
 
 
 @dataclass

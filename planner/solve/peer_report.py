@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.plan_parts import Baseline
 from planner.profile.schema import Profile
 from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.local import local_budget, local_search
+from planner.solve.mesh_local import mesh_moves
 from planner.solve.options import INTERLEAVED_BASE
 from planner.solve.peer_partitions import PeerPartitions, default_outcomes
 from planner.solve.peers import PeerBest, tune_peers
@@ -142,7 +143,8 @@ def seeded_by_peers(
     search: Search, peers: PeerReport, own: Sequence[Scored], schedules: Sequence[str]
 ) -> list[Scored]:
     """The peers' best plans as candidates (never worse than a configuration a peer's
-    user would pick); where one beats the search's own, local search improves it.
+    user would pick); where one beats the search's own, local search improves it (over
+    tensor parallelism and sharding too where the seed has them).
 
     Example::
 
@@ -162,7 +164,9 @@ def seeded_by_peers(
         return seeds
     search.methods.append("peer seed")
     budget = local_budget(search.options.local_search_evals, top)
-    return [*seeds, local_search(search, top, budget)]
+    # A seed with tensor parallelism or sharding moves in those dimensions too.
+    moves = None if all(s.is_plain for s in top.shape.stages) else mesh_moves
+    return [*seeds, local_search(search, top, budget, moves=moves)]
 
 
 def _tuned_row(best: PeerBest, samples: int) -> Baseline:
@@ -194,7 +198,23 @@ def _tuned_row(best: PeerBest, samples: int) -> Baseline:
         recompute=c.recompute,
         configurations=best.configurations,
         simulations=best.simulations,
+        extra=_parallelism(c.shape),
     )
+
+
+def _parallelism(shape: PlanShape) -> dict[str, Any]:
+    """A tuned peer's tensor parallelism, sequence parallelism and sharding, for its row
+    (nothing for a peer without them, so such rows are what they were)."""
+    st = shape.stages[0]
+    out: dict[str, Any] = {}
+    if st.tensor_parallel > 1:
+        out["tensor_parallel"] = st.tensor_parallel
+    if st.sequence_parallel:
+        out["sequence_parallel"] = True
+    shardings = sorted({s.sharding for s in shape.stages} - {"none"})
+    if shardings:
+        out["sharding"] = "/".join(shardings)
+    return out
 
 
 def peer_rows(peers: PeerReport | None, samples: int) -> list[Baseline]:

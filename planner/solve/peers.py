@@ -61,6 +61,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from planner.profile.schema import Profile
 from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.peer_partitions import PeerPartitions, place_consecutively
@@ -68,7 +69,17 @@ from planner.solve.scored import Scored
 from planner.solve.search import Search, TimeUp
 from planner.stages import StageSpec
 
-__all__ = ["PEERS", "Peer", "PeerBest", "PeerConfig", "Setting", "settle", "tune_peers"]
+__all__ = [
+    "PEERS",
+    "TP_PEERS",
+    "Peer",
+    "PeerBest",
+    "PeerConfig",
+    "Setting",
+    "peers_for",
+    "settle",
+    "tune_peers",
+]
 
 # (microbatch size, number of microbatches) pairs: what the global batch allows.
 Setting = tuple[int, int]
@@ -104,16 +115,31 @@ class PeerConfig:
         flags = [True] * len(self.shape.stages)
         return dataclasses.replace(self, shape=self.shape.with_recompute(flags))
 
+    @property
+    def tensor_parallel(self) -> int:
+        """The tensor-parallel degree of every stage (1 without)."""
+        return self.shape.stages[0].tensor_parallel
+
     def describe(self) -> str:
-        """``partition, depth x dp, mb size x count, schedule[, recompute]``."""
+        """``partition, depth x dp, mb size x count, schedule[, recompute]``; with tensor
+        parallelism or sharding ``partition, PP d x DP r x TP t, mb ..., schedule[, SP]
+        [, zero1 | fsdp][, recompute]``."""
         s = self.shape
         if self.partition == "pipedream":
             layout = "+".join(str(len(st.devices)) for st in s.stages) + " replicas"
+        elif self.tensor_parallel > 1:
+            layout = f"PP{self.depth} x DP{self.data_parallel} x TP{self.tensor_parallel}"
         else:
             layout = f"{self.depth}x{self.data_parallel}"
         sched = s.schedule + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
         text = f"{self.partition}, {layout}, mb {s.microbatch_size} x {s.num_microbatches}"
-        return text + f", {sched}" + (", recompute" if self.recompute else "")
+        text += f", {sched}"
+        if s.stages[0].sequence_parallel:
+            text += ", SP"
+        shardings = sorted({st.sharding for st in s.stages} - {"none"})
+        if shardings:
+            text += ", " + "/".join(shardings)
+        return text + (", recompute" if self.recompute else "")
 
 
 @dataclass(frozen=True)
@@ -130,6 +156,12 @@ class Peer:
     partitions: tuple[str, ...]
     schedules: tuple[str, ...]
     layout: str = "pipe-major"  # or "replica-major"
+    # Tensor parallelism within a node (the profile's degrees, and 1), sequence
+    # parallelism where the degree is 2 or more, and the shardings of data parallelism
+    # its users choose from (with two or more replicas and a flushing schedule).
+    tensor_parallel: bool = False
+    sequence_parallel: tuple[bool, ...] = (False,)
+    shardings: tuple[str, ...] = ("none",)
 
     def configurations(
         self, parts: PeerPartitions, settings: Sequence[Setting]
@@ -147,26 +179,56 @@ class Peer:
             return
         names = parts.topology.device_names()
         n = parts.profile.num_layers
-        depths = [1] if self.partitions == ("one stage",) else _divisors(len(names))
-        for depth in depths:
-            if depth > n:
-                continue
-            dp = len(names) // depth
-            groups = _place(names, depth, dp, self.layout)
-            for mb, m in settings:
-                if m % dp:
-                    continue  # each of the dp pipelines needs the same number of microbatches
-                for method in self.partitions:
-                    for sched in self.schedules:
-                        for v in _virtual_counts(sched, depth, n):
-                            ranges = parts.partition(method, mb, depth * v)
-                            if isinstance(ranges, str):
-                                yield f"{method} on {depth * v} stages: {ranges}"
-                                continue
-                            where = family(sched).place(groups, v)
-                            placed = tuple(StageSpec(k, r, where[k]) for k, r in enumerate(ranges))
-                            shape = PlanShape(placed, sched, mb, m, v)
-                            yield PeerConfig(self.name, method, depth, dp, shape)
+        for t in _node_degrees(parts) if self.tensor_parallel else [1]:
+            depths = [1] if self.partitions == ("one stage",) else _divisors(len(names) // t)
+            for depth in depths:
+                if depth > n:
+                    continue
+                dp = len(names) // (depth * t)
+                # Tensor-parallel groups are consecutive ranks (the innermost dimension).
+                groups = _place(names, depth, dp * t, self.layout)
+                for mb, m in settings:
+                    if m % dp:
+                        continue  # each of the dp pipelines needs the same number of microbatches
+                    for method in self.partitions:
+                        yield from self._sweep(parts, method, groups, (t, depth, dp), mb, m)
+
+    def _sweep(
+        self,
+        parts: PeerPartitions,
+        method: str,
+        groups: Sequence[tuple[str, ...]],
+        sizes: tuple[int, int, int],
+        mb: int,
+        m: int,
+    ) -> Iterator[PeerConfig | str]:
+        """One (degree, depth, replicas) placement under every schedule, chunk count,
+        sequence parallelism and sharding of the peer's sweep."""
+        t, depth, dp = sizes
+        n = parts.profile.num_layers
+        for sched in self.schedules:
+            for v in _virtual_counts(sched, depth, n):
+                ranges = parts.partition(method, mb, depth * v)
+                if isinstance(ranges, str):
+                    yield f"{method} on {depth * v} stages: {ranges}"
+                    continue
+                where = family(sched).place(groups, v)
+                shardings = self.shardings if dp > 1 and family(sched).flush else ("none",)
+                for sp in self.sequence_parallel if t > 1 else (False,):
+                    for sharding in shardings:
+                        placed = tuple(
+                            StageSpec(
+                                k,
+                                r,
+                                where[k],
+                                tensor_parallel=t,
+                                sequence_parallel=sp,
+                                sharding=sharding if _has_parameters(parts, r) else "none",
+                            )
+                            for k, r in enumerate(ranges)
+                        )
+                        shape = PlanShape(placed, sched, mb, m, v)
+                        yield PeerConfig(self.name, method, depth, dp, shape)
 
     def _pipedream(
         self, parts: PeerPartitions, settings: Sequence[Setting]
@@ -199,6 +261,74 @@ PEERS: tuple[Peer, ...] = (
     Peer("PipeDream", ("pipedream",), ("1f1b",)),
     Peer("data parallel", ("one stage",), ("1f1b",)),
 )
+
+
+# With tensor-parallel entries in the profile (pipeplan.cost.synthetic_tensor_parallel, or
+# the profiler's), Megatron-LM also tunes TP within a node, sequence parallelism and its
+# distributed optimizer (ZeRO-1), and three peers of sharded data parallelism join.
+TP_PEERS: tuple[Peer, ...] = (
+    Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
+    Peer("torchgpipe", ("balance_by_time",), ("gpipe",), layout="replica-major"),
+    Peer(
+        "Megatron-LM",
+        ("equal layers",),
+        ("1f1b", "interleaved"),
+        tensor_parallel=True,
+        sequence_parallel=(False, True),
+        shardings=("none", "zero1"),
+    ),
+    Peer(
+        "torch.distributed.pipelining",
+        ("equal split",),
+        ("gpipe", "1f1b", "interleaved", "zb"),
+    ),
+    Peer(
+        "torchtitan",
+        ("equal split",),
+        ("1f1b", "gpipe", "interleaved", "zb"),
+        tensor_parallel=True,
+        sequence_parallel=(True, False),
+        shardings=("fsdp", "none"),
+    ),
+    Peer("PipeDream", ("pipedream",), ("1f1b",)),
+    Peer("data parallel", ("one stage",), ("1f1b",)),
+    Peer("DeepSpeed ZeRO-3", ("one stage",), ("1f1b",), shardings=("fsdp",)),
+    Peer("FSDP", ("one stage",), ("1f1b",), shardings=("fsdp",)),
+)
+
+
+def peers_for(profile: Profile) -> tuple[Peer, ...]:
+    """:data:`TP_PEERS` where the profile has tensor-parallel entries, else :data:`PEERS`
+    (so plans of other profiles are what they were).
+
+    Example::
+
+        [p.name for p in peers_for(profile)]
+    """
+    return PEERS if profile.tensor_parallel is None else TP_PEERS
+
+
+# Megatron-LM's and torchtitan's tensor parallelism stays within a node, up to 8 GPUs.
+MAX_NODE_TP = 8
+
+
+def _node_degrees(parts: PeerPartitions) -> list[int]:
+    """1 and the profile's tensor-parallel degrees that fit in every host (at most
+    :data:`MAX_NODE_TP`) and divide the devices (none where a parameter is tied: the
+    simulator does not split it)."""
+    profile, topo = parts.profile, parts.topology
+    info = profile.tensor_parallel
+    if info is None or profile.tied_parameters:
+        return [1]
+    per_host = min(MAX_NODE_TP, *(len(devs) for devs in topo.hosts().values()))
+    n = len(topo.devices)
+    return [1, *(t for t in sorted(info.degrees) if t <= per_host and n % t == 0)]
+
+
+def _has_parameters(parts: PeerPartitions, layers: tuple[int, int]) -> bool:
+    """Whether these layers hold parameters (sharding a stage without is refused)."""
+    a, b = layers
+    return any(ly.param_bytes for ly in parts.profile.layers[a : b + 1])
 
 
 @dataclass(frozen=True)
@@ -284,7 +414,7 @@ def _best_of(
     configuration); one whose static memory overflows a device is passed over unsimulated
     (it cannot fit). Also how many were simulated (or found simulated)."""
     ranked = sorted(
-        ((search.bound_per_sample(c.shape), i, c) for i, c in enumerate(configs)),
+        ((_bound(search, c), i, c) for i, c in enumerate(configs)),
         key=lambda x: (x[0], x[1]),
     )
     best: tuple[PeerConfig, Scored] | None = None
@@ -302,16 +432,25 @@ def _best_of(
     return best, simulated
 
 
+def _bound(search: Search, config: PeerConfig) -> float:
+    """``config``'s bound per sample; :class:`TimeUp` once the solve's deadline has passed
+    (a sweep of a thousand devices spends seconds on its bounds alone)."""
+    if config.shape not in search.bounds:
+        search.check_clock(f"peer {config.peer}")
+    return search.bound_per_sample(config.shape)
+
+
 def tune_peers(
     search: Search,
     settings: Sequence[Setting],
     *,
-    peers: Sequence[Peer] = PEERS,
+    peers: Sequence[Peer] | None = None,
     schedules: Sequence[str] | None = None,
     parts: PeerPartitions | None = None,
 ) -> list[PeerBest]:
     """Each peer's best configuration over its sweep (see the module docstring), scored
-    through ``search`` (its cache, fits check and bound; a solve passes its own).
+    through ``search`` (its cache, fits check and bound; a solve passes its own);
+    ``peers``: :func:`peers_for` the profile unless given.
 
     ``settings`` are the (microbatch size, number of microbatches) pairs the batch allows,
     as :func:`planner.solve.solve` searches them. ``schedules`` replaces every peer's own
@@ -325,9 +464,9 @@ def tune_peers(
     """
     parts = parts or PeerPartitions(search.profile, search.topology)
     out = []
-    for peer in peers:
+    for peer in peers_for(search.profile) if peers is None else peers:
         if schedules is not None and peer.partitions != ("one stage",):
-            peer = Peer(peer.name, peer.partitions, tuple(schedules), peer.layout)
+            peer = dataclasses.replace(peer, schedules=tuple(schedules))
         configs: list[PeerConfig] = []
         reasons: list[str] = []
         for c in peer.configurations(parts, settings):

@@ -18,16 +18,33 @@ from typing import TYPE_CHECKING, Any
 
 from planner.shape import PlanShape
 from planner.solve.options import AUTO_SCHEDULES
+from planner.stages import SHARDINGS
 
 if TYPE_CHECKING:
     from planner.simulate.result import SimResult
 
-__all__ = ["Scored", "tie_text"]
+__all__ = ["Scored", "stage_key", "tie_text"]
+
+
+def stage_key(shape: PlanShape) -> tuple[tuple[Any, ...], ...]:
+    """Each stage's layers, devices, tensor-parallel degree, sequence parallelism and
+    sharding: what makes two plans distinct places to start a local search from (the
+    schedule, microbatching and recompute aside).
+
+    Example::
+
+        stage_key(shape)   # (((0, 3), ('gpu0',), 1, False, 'none'), ...)
+    """
+    return tuple(
+        (s.layers, s.devices, s.tensor_parallel, s.sequence_parallel, s.sharding)
+        for s in shape.stages
+    )
 
 
 def tie_text(shape: PlanShape) -> str:
     """The text that breaks ties between equally good plans: each stage's (layers,
-    devices, recompute), then schedule, microbatch size, count and chunks, compared as
+    devices, recompute; and its degree, sequence parallelism and sharding where any stage
+    has them), then schedule, microbatch size, count and chunks, compared as
     text. It is the text the search has always compared (which of two equally fast plans
     wins depends on it), so it is written out rather than left to a ``repr`` that changes
     with the types.
@@ -36,7 +53,22 @@ def tie_text(shape: PlanShape) -> str:
 
         tie_text(shape)   # "PlanShape(stages=(((0, 3), ('gpu0',), False),), schedule=..."
     """
-    stages = tuple((s.layers, s.devices, s.recompute) for s in shape.stages)
+    stages: tuple[tuple[Any, ...], ...] = tuple(
+        (s.layers, s.devices, s.recompute) for s in shape.stages
+    )
+    if not all(s.is_plain for s in shape.stages):
+        # Tensor parallelism and sharding (only then, so plain plans compare as before).
+        stages = tuple(
+            (
+                s.layers,
+                s.devices,
+                s.recompute,
+                s.tensor_parallel,
+                s.sequence_parallel,
+                SHARDINGS.index(s.sharding),  # ties: none, then ZeRO-1, then FSDP
+            )
+            for s in shape.stages
+        )
     return (
         f"PlanShape(stages={stages!r}, schedule={shape.schedule!r}, "
         f"microbatch_size={shape.microbatch_size!r}, "

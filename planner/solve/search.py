@@ -92,6 +92,9 @@ class Search:
     bounded: dict[PlanShape, float] = field(default_factory=dict)
     # Every bound per sample worked out (shapes the search and the peers share included).
     bounds: dict[PlanShape, float] = field(default_factory=dict)
+    # What the search over tensor parallelism and sharding works out once per solve (layer
+    # costs per mesh, cuts per stage groups: planner.solve.mesh), keyed by what it is.
+    notes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,

@@ -1,0 +1,119 @@
+"""Local moves of a plan over tensor-parallel groups and sharding, for
+:func:`planner.solve.local.local_search` (``moves=mesh_moves``).
+
+From a plan whose stages share a degree and sequence parallelism, in a fixed order: move a
+cut by one or two layers; switch sequence parallelism for the whole pipeline; change one
+stage's sharding, or every stage's; unless interleaved, exchange the ``j``-th groups of two
+neighbouring stages, and move a stage's last group to a neighbour (with the cut between
+them moved a layer either way). Recompute is worked out for each (a member's memory), and
+settled by the simulator as for every candidate.
+
+Example::
+
+    better = local_search(search, start, 24, moves=mesh_moves)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from planner.schedule.families import family
+from planner.shape import PlanShape
+from planner.solve.local import moved_cut
+from planner.solve.mesh import Mesh, mesh_shape
+from planner.solve.search import Search
+from planner.stages import SHARDINGS
+
+__all__ = ["mesh_moves"]
+
+Layout = tuple[list[tuple[int, int]], list[tuple[str, ...]], list[str]]
+
+
+def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
+    """The plans one move away from ``c`` (see the module docstring), as shapes.
+
+    Example::
+
+        next(mesh_moves(search, shape)).stages[0].tensor_parallel
+    """
+    st0 = c.stages[0]
+    mesh = Mesh(st0.tensor_parallel, st0.sequence_parallel)
+    ranges = [s.layers for s in c.stages]
+    devs = [s.devices for s in c.stages]
+    shard = [s.sharding for s in c.stages]
+
+    def build(layout: Layout, m: Mesh = mesh) -> PlanShape:
+        r, d, sh = layout
+        return mesh_shape(
+            search,
+            r,
+            d,
+            m,
+            sh,
+            c.schedule,
+            c.microbatch_size,
+            c.num_microbatches,
+            c.virtual_stages,
+        )
+
+    for k in range(len(ranges) - 1):
+        for new in moved_cut(ranges, k):
+            yield build((new, devs, shard))
+    info = search.profile.tensor_parallel
+    if mesh.degree > 1 and info is not None and info.sequence_parallel:
+        yield build((ranges, devs, shard), Mesh(mesh.degree, not mesh.sequence_parallel))
+    if family(c.schedule).flush:
+        for sh in _shardings(c, shard):
+            yield build((ranges, devs, sh))
+    if c.virtual_stages == 1:
+        for layout in _regroupings(ranges, devs, shard, mesh.degree):
+            yield build(layout)
+
+
+def _shardings(c: PlanShape, shard: Sequence[str]) -> Iterator[list[str]]:
+    """One stage's sharding changed, then every stage's at once."""
+    for k, st in enumerate(c.stages):
+        if st.replicas < 2:
+            continue
+        for alt in SHARDINGS:
+            if alt != shard[k]:
+                new = list(shard)
+                new[k] = alt
+                yield new
+    if any(st.replicas > 1 for st in c.stages):
+        for alt in SHARDINGS:
+            new = [alt if st.replicas > 1 else "none" for st in c.stages]
+            if new != list(shard):
+                yield new
+
+
+def _regroupings(
+    ranges: list[tuple[int, int]], devs: list[tuple[str, ...]], shard: list[str], t: int
+) -> Iterator[Layout]:
+    """Exchange the ``j``-th groups of neighbouring stages; move a stage's last group to a
+    neighbour (the cut moved along: more groups usually want more layers)."""
+    groups = [[g[i : i + t] for i in range(0, len(g), t)] for g in devs]
+    flat = _flatten
+    for k in range(len(groups) - 1):
+        for j in range(min(len(groups[k]), len(groups[k + 1]))):
+            a, b = list(groups[k]), list(groups[k + 1])
+            a[j], b[j] = b[j], a[j]
+            new = list(groups)
+            new[k], new[k + 1] = a, b
+            yield list(ranges), flat(new), list(shard)
+    for k, mine in enumerate(groups):
+        if len(mine) < 2:
+            continue
+        for other in (k - 1, k + 1):
+            if not 0 <= other < len(groups):
+                continue
+            new = list(groups)
+            new[k] = mine[:-1]
+            new[other] = [*groups[other], mine[-1]]
+            yield list(ranges), flat(new), list(shard)
+            for cut in moved_cut(list(ranges), min(k, other)):
+                yield cut, flat(new), list(shard)
+
+
+def _flatten(groups: Sequence[Sequence[tuple[str, ...]]]) -> list[tuple[str, ...]]:
+    return [tuple(d for g in stage for d in g) for stage in groups]
