@@ -132,10 +132,19 @@ class Outputs:
         """
         if path is None:
             return None
-        target = check_output_path(path, field=field, make_folder=make_folder)
-        declared = _Declared(target, field, make_folder=make_folder)
-        self._check_not_input(target, declared)
-        self._check_distinct(target, declared)
+        given = Path(path)
+        target = _followed(given)
+        try:
+            check_output_path(target, field=field, make_folder=make_folder)
+            declared = _Declared(target, field, make_folder=make_folder)
+            self._check_not_input(target, declared)
+            self._check_distinct(target, declared)
+        except InputError as exc:
+            if target == given:
+                raise
+            # Named as given, the link's target beside it.
+            where = f"{exc.message} (it links to {str(target)!r})"
+            raise InputError(where, file=str(given), field=field) from None
         self._declared.append(declared)
         return path
 
@@ -164,7 +173,7 @@ class Outputs:
 
             outs.write_bytes(params_path, buffer.getvalue())
         """
-        target = Path(path)
+        target = _followed(path)
         owner = self._owner(target)
         if owner.folder:  # a file inside an output folder: checked now, as a file
             check_output_path(target, field=owner.field, make_folder=True)
@@ -264,6 +273,22 @@ class Outputs:
                     file=str(target),
                     field=declared.field,
                 )
+
+
+def _followed(path: str | os.PathLike[str]) -> Path:
+    """Where writing ``path`` must land: a symbolic link's target (written through, as a
+    shell's ``>`` does, instead of replacing the link by a file), else ``path`` itself.
+
+    Example::
+
+        _followed("latest.json")   # PosixPath('/runs/plan-7.json') when latest.json links there
+    """
+    target = Path(path)
+    try:
+        linked = target.is_symlink()
+    except (OSError, ValueError):  # a name too long, a folder not readable: checked later
+        return target
+    return Path(os.path.realpath(target)) if linked else target
 
 
 def _key(path: Path) -> tuple[str, str]:

@@ -585,3 +585,26 @@ def test_ctrl_c_during_the_renames_waits_until_they_are_done() -> None:
                 arrived.append(len(arrived))
         pytest.fail("the held Ctrl-C did not arrive after the block")
     assert len(arrived) == 1000
+
+
+def test_an_output_through_a_symbolic_link_writes_its_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-o latest.json`` where latest.json links elsewhere writes the file it links to, as a
+    shell's ``>`` does (the link stays a link); a link into a missing folder is refused
+    before anything is simulated, naming the folder."""
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "plan.json"
+    target.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    base = ["simulate", "--profile", str(ROOT / "profiles" / "mlp.json")]
+    base += ["--topology", str(ROOT / "topologies" / "cpu.yaml"), "--stages", "0-2:cpu0;3-5:cpu1"]
+    code, _, err = _run([*base, "--no-gantt", "-o", str(link)], capsys)
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(target.read_text())["stages"]
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "missing" / "plan.json")
+    line = _refused([*base, "-o", str(dangling)], capsys)
+    assert "missing" in line and "does not exist" in line
+    assert not (tmp_path / "missing").exists() and dangling.is_symlink()
