@@ -41,6 +41,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "MAX_NESTING",
     "MAX_REPEATS",
+    "MAX_RUN_STEPS",
     "MAX_SCHEDULE_OPS",
     "MAX_SPEED",
     "MAX_TENSOR_PARALLEL",
@@ -134,6 +135,10 @@ MAX_SPEED = 1e6
 MAX_REPEATS = 10_000
 """Timed (``--repeat``) or untimed (``--warmup``) runs per layer when profiling; each timed
 run's time is kept. Real profiles use 3 to 100."""
+
+MAX_RUN_STEPS = 1_000_000
+"""Training steps of ``pipeplan run`` (``--steps``, and ``--warmup`` before them): it checks a
+plan against its prediction in a few steps; train for longer with ``export``."""
 
 MAX_THREADS = 4_096
 """CPU threads (``--threads``). The largest two-socket servers have 512 hardware threads."""

@@ -348,3 +348,20 @@ def test_printable_escapes_what_a_terminal_would_act_on() -> None:
 
     assert printable("gpu0 [bold] :smile: µs") == "gpu0 [bold] :smile: µs"
     assert printable("a\x1b[2Jb\u202ec\nd") == "a\\x1b[2Jb\\u202ec\\nd"
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--steps", "99999999999"], "--steps: expected an integer from 1 to 1,000,000"),
+        (["--warmup", "99999999999"], "--warmup: expected an integer from 0 to 1,000,000"),
+        (["--threads", "99999999"], "--threads: expected an integer from 1 to 4,096"),
+    ],
+)
+def test_run_refuses_counts_without_bound_before_any_process_starts(
+    plan: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    """--steps / --warmup ran until killed, --threads 99999999 crashed a rank (blamed on
+    model.py): each is one line now, before any rank starts."""
+    model = str(ROOT / "examples" / "mlp.py")
+    assert needle in _refused(capsys, "run", str(plan), "--model", model, *flags)

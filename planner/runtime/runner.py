@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import InputError
 from planner.fileio import sha256_file
+from planner.limits import MAX_RUN_STEPS, MAX_THREADS, check_int
 from planner.optimizers import check_optimizer
 from planner.plan import Plan
 from planner.plan_inputs import check_unchanged, find_file
@@ -90,12 +91,8 @@ def check_run_options(
     def name(param: str, flag: str) -> str:
         return flag if cli else param
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InputError(f"expected an integer >= 1, got {steps!r}", field=name("steps", "--steps"))
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise InputError(
-            f"expected an integer >= 0, got {warmup!r}", field=name("warmup", "--warmup")
-        )
+    check_int(steps, field=name("steps", "--steps"), high=MAX_RUN_STEPS)
+    check_int(warmup, field=name("warmup", "--warmup"), low=0, high=MAX_RUN_STEPS)
     if (
         isinstance(timeout_s, bool)
         or not isinstance(timeout_s, int | float)
@@ -106,12 +103,8 @@ def check_run_options(
             f"expected a finite number of seconds > 0, got {timeout_s!r}",
             field=name("timeout_s", "--timeout"),
         )
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise InputError(
-            f"expected an integer >= 1, got {threads!r}", field=name("threads", "--threads")
-        )
+    if threads is not None:
+        check_int(threads, field=name("threads", "--threads"), high=MAX_THREADS)
     if lr is not None and (
         isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0
     ):
