@@ -365,3 +365,24 @@ def test_run_refuses_counts_without_bound_before_any_process_starts(
     model.py): each is one line now, before any rank starts."""
     model = str(ROOT / "examples" / "mlp.py")
     assert needle in _refused(capsys, "run", str(plan), "--model", model, *flags)
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--bandwidth", "NV=1e-300 B/s"], "--bandwidth NV"),
+        (["--bandwidth", "SYS=1e30 GB/s"], "--bandwidth SYS"),
+        (["--speed", "1e7"], "--speed"),
+        (["--memory", "1e30 GiB"], "--memory"),
+        (["--name", "x\x1b[31m"], "--name"),
+    ],
+)
+def test_detect_refuses_flags_that_would_write_a_topology_check_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], field: str
+) -> None:
+    """Each wrote a file (exit 0) that `topology check` then refused (hostile re-test)."""
+    out = tmp_path / "d.yaml"
+    matrix = ROOT / "tests" / "data" / "nvidia-smi" / "dgx-a100.txt"
+    args = ["topology", "detect", "--from-file", str(matrix), *flags, "-o", str(out)]
+    assert f": {field}: " in _refused(capsys, *args)
+    assert not out.exists()

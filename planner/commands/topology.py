@@ -19,11 +19,23 @@ from typing import Any
 import typer
 
 from planner import terminal
+from planner.datafile import decode_yaml
 from planner.errors import InputError
 from planner.fileio import check_input_file
+from planner.limits import (
+    MAX_BANDWIDTH,
+    MAX_BYTES,
+    MAX_SPEED,
+    MIN_BANDWIDTH,
+    MIN_SPEED,
+    check_int,
+    check_name,
+    check_number,
+)
 from planner.outputs import Outputs
 from planner.terminal import printable
 from planner.topology import Topology, load_topology
+from planner.topology.load import topology_from_dict
 from planner.units import format_bandwidth, format_bytes, parse_bytes
 
 __all__ = ["register", "topology_app"]
@@ -199,6 +211,30 @@ def check(
     )
 
 
+def _detect_flags(
+    name: str, host: str, memory: str | None, speed: float, bandwidth: list[str]
+) -> tuple[int | None, dict[str, float]]:
+    """``topology detect``'s flags checked against the limits every topology is read with
+    (docs/limits.md): the memory in bytes (None: from the GPU list) and the bandwidths."""
+    from planner.topology.detect import parse_bandwidth_overrides
+
+    check_name(name, field="--name")
+    check_name(host, field="--host")
+    check_number(speed, field="--speed", low=MIN_SPEED, high=MAX_SPEED)
+    if not speed > 0:
+        raise InputError(f"expected a positive number; got {speed}", field="--speed")
+    memory_bytes = None
+    if memory is not None:
+        memory_bytes = parse_bytes(memory, field="--memory")
+        check_int(memory_bytes, field="--memory", high=MAX_BYTES)
+    overrides = parse_bandwidth_overrides(bandwidth)
+    for kind, value in overrides.items():
+        # NV is per NVLink: a pair of GPUs may have up to 18 of them.
+        high = MAX_BANDWIDTH / 18 if kind == "NV" else MAX_BANDWIDTH
+        check_number(value, field=f"--bandwidth {kind}", low=MIN_BANDWIDTH, high=high)
+    return memory_bytes, overrides
+
+
 @topology_app.command("detect")
 def detect(
     from_file: list[Path] = typer.Option(
@@ -247,23 +283,12 @@ def detect(
     # lazy: `pipeplan --help` need not load the detector
     from planner.topology.detect import (
         detect_topology,
-        parse_bandwidth_overrides,
         run_nvidia_smi,
     )
 
     outs = Outputs([("--from-file", path) for path in from_file])
     outs.file(output, "-o")
-    if not (speed > 0 and math.isfinite(speed)):
-        raise InputError(f"expected a positive number; got {speed}", field="--speed")
-    memory_bytes = None
-    if memory is not None:
-        memory_bytes = parse_bytes(memory, field="--memory")
-        if memory_bytes <= 0:
-            raise InputError(f"expected a positive size; got {memory!r}", field="--memory")
-    overrides = parse_bandwidth_overrides(bandwidth)
-    for kind, value in overrides.items():
-        if value <= 0:
-            raise InputError(f"expected a positive bandwidth for {kind}", field="--bandwidth")
+    memory_bytes, overrides = _detect_flags(name, host, memory, speed, bandwidth)
     if from_file:
         texts = []
         for path in from_file:
@@ -287,6 +312,8 @@ def detect(
     if as_json:
         print(json.dumps(topo.to_dict(), indent=1))
     text = f"# Detected by `pipeplan topology detect` from {source}.\n" + topo.to_yaml()
+    # What it writes, `topology check` and every command read back (a bug otherwise).
+    topology_from_dict(decode_yaml(text, source="the detected topology"), "the detected topology")
     if output is not None:
         outs.write_text(output, text)
         outs.commit()
