@@ -339,11 +339,16 @@ def parse_stages(text: str, *, recompute: Sequence[int] = ()) -> list[StageSpec]
                 field="--stages",
             )
         first, last = int(first_s), int(last_s)
-        groups = [
-            tuple(d.strip() for d in g.split("+") if d.strip())
-            for g in devs.split(",")
-            if g.strip()
-        ]
+        pieces = devs.split(",")
+        if len(pieces) > 1 and pieces[-1].strip() == "":
+            pieces.pop()  # one trailing ',' as in a list written by hand
+        groups = [tuple(d.strip() for d in g.split("+")) for g in pieces] if devs.strip() else []
+        if any(not d for g in groups for d in g):
+            # "cpu0+" or "cpu0++cpu1" would silently be another tensor-parallel degree.
+            raise InputError(
+                f"stage {i}: a device name is empty (between ',' or '+'), got {_clip(part)}",
+                field="--stages",
+            )
         if not sep or not groups or not all(groups):
             raise InputError(
                 f"stage {i}: expected at least one device after ':', got {_clip(part)}",

@@ -55,7 +55,11 @@ def test_plus_joins_a_tensor_parallel_group() -> None:
     with pytest.raises(InputError, match="groups of one size"):
         parse_stages("0-1:gpu0+gpu1,gpu2")
     with pytest.raises(InputError, match="at least one device"):
-        parse_stages("0-1:gpu0,+")
+        parse_stages("0-1:")
+    # An empty member would silently be another degree ("gpu0+" a plain stage, "a++b" TP2).
+    for text in ("0-1:gpu0,+", "0-1:gpu0+", "0-1:gpu0++gpu1", "0-1:gpu0,,gpu1"):
+        with pytest.raises(InputError, match="a device name is empty"):
+            parse_stages(text)
 
 
 def test_tensor_parallel_is_written_only_where_it_is_not_one() -> None:
