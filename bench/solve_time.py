@@ -34,6 +34,7 @@ Run::
 from __future__ import annotations
 
 import json
+import os
 import platform
 import random
 import sys
@@ -212,7 +213,8 @@ def time_tp(batch: int = 512) -> dict[str, Any]:
         "simulations": plan.solver.simulations,
         "method": plan.solver.method,
         "tuned_peers_ms": {k: None if v is None else round(v, 1) for k, v in peers.items()},
-        "note": "measured on a shared 2-core machine under load from other jobs",
+        # Other work on the machine moves this number: say how busy it was.
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 
