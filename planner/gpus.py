@@ -24,15 +24,17 @@ from typing import Annotated, Any
 
 from planner.datafile import decode_yaml, read_data
 from planner.errors import InputError
-from planner.limits import short_repr
+from planner.limits import MAX_BANDWIDTH, MAX_BYTES, MIN_BANDWIDTH
 from planner.records import NAME, Keys, Kind, Length, Name, OneOf, Text, read_record
 from planner.units import parse_bandwidth, parse_bytes
 
 __all__ = [
     "CATALOG_SCHEMA",
     "EFFICIENCY_NAMES",
+    "MAX_TFLOPS",
     "PRECISION_KEYS",
     "Efficiency",
+    "GpuEntry",
     "GpuSpec",
     "catalog_names",
     "gpu_from_dict",
@@ -187,9 +189,12 @@ def _positive_number(value: Any) -> float:
 
 def _tflops(value: Any) -> float:
     try:
-        return _positive_number(value) * 1e12
+        tflops = _positive_number(value)
     except InputError:
         TFLOPS.fail(value)
+    if tflops > MAX_TFLOPS:
+        TFLOPS.fail(value)
+    return tflops * 1e12
 
 
 def _fraction(value: Any) -> float:
@@ -202,14 +207,18 @@ def _fraction(value: Any) -> float:
     return float(value)
 
 
-def _positive(parse: Any, kind_name: str) -> Any:
-    def check(value: Any) -> Any:
-        parsed = parse(value)
-        if not parsed > 0:
-            raise InputError(f"expected a positive value, got {short_repr(value)}")
-        return parsed
+def _size(value: Any) -> int:
+    size = parse_bytes(value)
+    if not 0 < size <= MAX_BYTES:
+        SIZE.fail(value)
+    return size
 
-    return check
+
+def _bandwidth(value: Any, *, low: float) -> float:
+    speed = parse_bandwidth(value)
+    if not low <= speed <= MAX_BANDWIDTH:
+        (BANDWIDTH if low > 0 else LINK).fail(value)
+    return speed
 
 
 def _source(value: Any) -> str:
@@ -218,7 +227,18 @@ def _source(value: Any) -> str:
     return " ".join(value.split())
 
 
-TFLOPS = Kind("a positive number of dense TFLOP/s", _tflops)
+MAX_TFLOPS = 1e6
+"""Dense TFLOP/s of one entry at most (1 EFLOP/s; a B200 has 2,250 in bf16)."""
+TFLOPS = Kind(f"a positive number of dense TFLOP/s, at most {MAX_TFLOPS:g}", _tflops)
+SIZE = Kind("a positive size such as '80 GiB' (at most 1 EiB)", _size)
+BANDWIDTH = Kind(
+    "a positive bandwidth such as '3.35 TB/s' (at most 1 EB/s)",
+    lambda value: _bandwidth(value, low=MIN_BANDWIDTH),
+)
+LINK = Kind(
+    "a bandwidth such as '450 GB/s' ('0 GB/s': none; at most 1 EB/s)",
+    lambda value: _bandwidth(value, low=0.0),
+)
 FRACTION = Kind("a fraction in (0, 1]", _fraction)
 SOURCE = Kind("where the numbers come from (a datasheet, a measurement)", _source)
 _Efficiencies = Annotated[dict[str, Annotated[float, FRACTION]], Keys(OneOf(EFFICIENCY_NAMES))]
@@ -242,18 +262,9 @@ class GpuEntry:
     tflops: Annotated[dict[str, Annotated[float, TFLOPS]], Keys(OneOf(PRECISION_KEYS))] | None = (
         None
     )
-    memory: (
-        Annotated[int, Kind("a positive size such as '80 GiB'", _positive(parse_bytes, ""))] | None
-    ) = None
-    memory_bandwidth: (
-        Annotated[
-            float, Kind("a positive bandwidth such as '3.35 TB/s'", _positive(parse_bandwidth, ""))
-        ]
-        | None
-    ) = None
-    interconnect_bandwidth: Annotated[
-        float, Kind("a bandwidth such as '450 GB/s' ('0 GB/s': none)", parse_bandwidth)
-    ] = 0.0
+    memory: Annotated[int, SIZE] | None = None
+    memory_bandwidth: Annotated[float, BANDWIDTH] | None = None
+    interconnect_bandwidth: Annotated[float, LINK] = 0.0
     efficiency: _Efficiencies = field(default_factory=dict)
     measure: bool = False
 

@@ -159,3 +159,19 @@ def test_a_users_entry_is_read_as_every_data_file_is(tmp_path: Path) -> None:
     assert info.value.file == str(tmp_path / "deep.yaml")
     (tmp_path / "ok.yaml").write_text("name: mine\nsource: my bench\nmeasure: true\n")
     assert gpu_spec(tmp_path / "ok.yaml").name == "mine"
+
+
+def test_numbers_beyond_any_gpu_are_one_line() -> None:
+    """1e300 TFLOP/s would make every layer take 0 ms (inf FLOP/s), silently."""
+    base = {"memory": "1 GiB", "memory_bandwidth": "1 TB/s", "source": "x"}
+    for entry, field in (
+        ({**base, "tflops": {"fp32": 1e300, "bf16": 2, "fp16": 2}}, "tflops.fp32"),
+        ({**base, "tflops": {"fp32": 1, "bf16": 2, "fp16": 2}, "memory": "1e30 GiB"}, "memory"),
+        (
+            {**base, "tflops": {"fp32": 1, "bf16": 2, "fp16": 2}, "memory_bandwidth": "1e30 TB/s"},
+            "memory_bandwidth",
+        ),
+    ):
+        with pytest.raises(InputError) as info:
+            gpu_from_dict(entry, name="mine", source="mine.yaml")
+        assert info.value.field == field and "at most" in info.value.message
