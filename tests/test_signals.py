@@ -261,7 +261,12 @@ def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_exits() -> Non
 
 @pytest.fixture
 def main_thread_handlers() -> Iterator[None]:
+    """Python's own handlers while the test runs, whatever the suite inherited (a background
+    job ignores SIGINT, nohup SIGHUP, and pipeplan rightly keeps an ignored SIGHUP so)."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)

@@ -189,7 +189,10 @@ def test_cli_detect_two_files_and_options(
         (["--from-file", "{pcie}"], "--memory"),
         (["--from-file", "{h100}", "--bandwidth", "SYS"], "KIND=BANDWIDTH"),
         (["--from-file", "{h100}", "--bandwidth", "SYS=8 GB"], "unknown unit"),
-        (["--from-file", "{h100}", "--bandwidth", "SYS=0 GB/s"], "--bandwidth SYS: expected a finite number from 1"),
+        (
+            ["--from-file", "{h100}", "--bandwidth", "SYS=0 GB/s"],
+            "--bandwidth SYS: expected a finite number from 1",
+        ),
         (["--from-file", "{h100}", "--memory", "80"], "--memory: expected a size with a unit"),
         (["--from-file", "{h100}", "--speed", "0"], "--speed"),
         (["--from-file", "{h100}", "-o", "/nonexistent/dir/t.yaml"], "does not exist"),
