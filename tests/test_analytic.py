@@ -463,6 +463,7 @@ def test_cli_writes_an_analytic_profile(tmp_path: Path, capsys: pytest.CaptureFi
         (["--analytic", "--gpu", "h100-sxm", "--efficiency", "matmul=7"], "--efficiency"),
         (["--analytic", "--gpu", "h100-sxm", "--repeat", "3"], "--repeat"),
         (["--analytic", "--gpu", "h100-sxm", "--timing", "pass"], "--timing"),
+        (["--analytic", "--gpu", "h100-sxm", "--colocate", "2"], "--colocate"),
         (["--analytic", "--gpu", "nowhere/gpu.yaml"], ""),
     ],
 )

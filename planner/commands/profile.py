@@ -242,7 +242,7 @@ def run_analytic(
     from rich.console import Console
 
     err = console or Console(stderr=True)
-    defaults = {"--device": "cpu", "--repeat": 5, "--warmup": 2, "--timing": None}
+    defaults = {"--device": "cpu", "--repeat": 5, "--warmup": 2, "--timing": None, "--colocate": 1}
     for flag, value in (measuring or {}).items():
         if value != defaults.get(flag):
             raise InputError(
@@ -451,6 +451,7 @@ def profile(
                 "--repeat": repeat,
                 "--warmup": warmup,
                 "--timing": timing,
+                "--colocate": colocate,
             },
             tensor_parallel=request,
             console=err,
