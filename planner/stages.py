@@ -168,6 +168,19 @@ class StageSpec:
         return f"{text} ({', '.join(extra)})" if extra else text
 
 
+def _boolean(item: dict[str, Any], key: str, source: str, where: str) -> bool:
+    """A stage's true/false field (false when absent). A string "false" would otherwise be
+    truthy and silently switch it on."""
+    value = item.get(key, False)
+    if not isinstance(value, bool):
+        raise InputError(
+            f"expected true or false (a JSON/YAML boolean), got {_clip(value)}",
+            file=source,
+            field=f"{where}.{key}",
+        )
+    return value
+
+
 def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
     """Stages from their JSON/YAML form (a list of ``{id?, layers, devices, recompute?}``).
 
@@ -223,14 +236,7 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
                 file=source,
                 field=f"{where}.id",
             )
-        recompute = item.get("recompute", False)
-        if not isinstance(recompute, bool):
-            # A string "false" would otherwise be truthy and silently switch recompute on.
-            raise InputError(
-                f"expected true or false (a JSON/YAML boolean), got {recompute!r}",
-                file=source,
-                field=f"{where}.recompute",
-            )
+        recompute = _boolean(item, "recompute", source, where)
         tp = item.get("tensor_parallel", 1)
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or len(devices) % tp:
             raise InputError(
@@ -238,13 +244,7 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
                 file=source,
                 field=f"{where}.tensor_parallel",
             )
-        sp = item.get("sequence_parallel", False)
-        if not isinstance(sp, bool):
-            raise InputError(
-                f"expected true or false (a JSON/YAML boolean), got {_clip(sp)}",
-                file=source,
-                field=f"{where}.sequence_parallel",
-            )
+        sp = _boolean(item, "sequence_parallel", source, where)
         sharding = item.get("sharding", "none")
         if sharding not in SHARDINGS:
             raise InputError(

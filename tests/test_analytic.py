@@ -32,7 +32,7 @@ EXAMPLES = ROOT / "examples"
 
 
 def _gpt_file(tmp: Path, *, vocab: int, seq: int, width: int, heads: int, layers: int) -> Path:
-    """A model.py of examples/gpt.py's GPT at other sizes."""
+    """A model.py of examples/gpt.py's GPT at other sizes (with its tp_plan())."""
     path = tmp / f"gpt_{width}_{layers}_{seq}.py"
     path.write_text(
         textwrap.dedent(
@@ -40,7 +40,7 @@ def _gpt_file(tmp: Path, *, vocab: int, seq: int, width: int, heads: int, layers
             import sys
             sys.path.insert(0, {str(EXAMPLES)!r})
             import torch
-            from gpt import GPT
+            from gpt import GPT, tp_plan
 
             def build_model():
                 return GPT(vocab={vocab}, seq_len={seq}, d_model={width}, n_head={heads},

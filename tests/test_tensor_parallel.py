@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_analytic import _gpt_file
 
 from planner.cli import main
 from planner.errors import InputError
@@ -184,29 +185,6 @@ def test_hugging_face_llama_shards_use_its_own_plan() -> None:
 
 
 # ---------------------------------------------------------------- analytic
-
-
-def _gpt_file(tmp: Path, *, vocab: int, seq: int, width: int, heads: int, layers: int) -> Path:
-    path = tmp / f"gpt_{width}.py"
-    path.write_text(
-        textwrap.dedent(
-            f"""
-            import sys
-            sys.path.insert(0, {str(EXAMPLES)!r})
-            import torch
-            from gpt import GPT, tp_plan
-
-            def build_model():
-                return GPT(vocab={vocab}, seq_len={seq}, d_model={width}, n_head={heads},
-                           n_layer={layers})
-
-            def sample_batch(b):
-                t = torch.randint(0, {vocab}, (b, {seq} + 1))
-                return t[:, :-1].contiguous(), t[:, 1:].contiguous()
-            """
-        )
-    )
-    return path
 
 
 @pytest.mark.parametrize("degree", [2, 4, 8])
