@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from planner.profile.split import capture_model
-from planner.runtime.split_backward import depends_on, one_group
+from planner.runtime.split_backward import depends_on, input_half, one_group, weight_half
 from planner.runtime.stage import StageRuntime
 
 MODELS = Path(__file__).parent / "models"
@@ -111,12 +111,33 @@ def test_depends_on_and_one_group() -> None:
     w = torch.randn(3, requires_grad=True)
     both = (w * 2).sum() + x.sum()
     assert depends_on([x * w, w * 2, both, x, w], [x]) == [True, False, True, True, False]
-    a, b = object(), object()
+    a, b, c = object(), object(), object()
     groups = [
         {"params": {1}, "intermediates": [a], "grads": [(torch.ones(1),)]},
         {"params": {1, 2}, "intermediates": [a, b], "grads": [(torch.ones(1),), None]},
-        {"params": {3}, "intermediates": [b]},  # no gradient reached it
+        {"params": {3}, "intermediates": [b]},  # no gradient reached it; shares node b
+        {"params": {4}, "intermediates": [c], "grads": [(torch.ones(1),)]},  # shares nothing
     ]
-    (one,) = one_group(groups)
+    one, apart = one_group(groups)
     assert one["params"] == {1, 2, 3} and one["intermediates"] == [a]
+    assert apart["params"] == {4} and apart["intermediates"] == [c]
     assert one_group([{"params": {1}, "intermediates": [a]}]) == []
+
+
+def test_weight_half_leaves_the_input_half_s_work_alone() -> None:
+    """Two blocks' weight half backpropagates from each block's own nodes to its own
+    weights: their groups stay apart, so the gradient of the second block does not run
+    through the first again (which one group of both would do, and discard)."""
+    torch.manual_seed(0)
+    blocks = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    half = input_half([blocks(x)], [torch.ones(2, 4)], [x], list(blocks.parameters()))
+    assert len(half.groups) == 2
+    weight_half(list(blocks.parameters()), half)
+    whole = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+    whole.load_state_dict(blocks.state_dict())
+    for p in whole.parameters():
+        p.grad = None
+    whole(x.detach()).backward(torch.ones(2, 4))
+    for p, q in zip(blocks.parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
