@@ -16,6 +16,10 @@ simulator on the same profile, topology and batch:
   fastest plan is never slower than a peer by construction; this column is the one that
   can lose); ``vs_best_peer`` may be below 1 by up to the tie tolerance, where the final
   choice prefers a simpler plan within the profile's noise (docs/solve.md);
+- ``verdict``: ``ahead``, ``equal``, ``tie`` (the peer is faster by no more than the solve's
+  ``tie_tolerance``, reported per case: the two plans are equal within the profile's noise,
+  and issue 23 asks the solver not to flip between such plans) or ``behind`` (faster beyond
+  it: a defect, counted in the summary's ``behind_peer``, which must stay 0);
 - ``vs_peer_defaults``: the best of the old one-stage-per-device rows (``peer default``);
 - ``peer_vs_bound``: the best peer / the global lower bound (every device busy all the
   time with an equal share of the work at its speed): no plan can beat a peer by more;
@@ -140,11 +144,14 @@ def run_case(profile_path: Path | tuple[str, Profile], topo_path: Path) -> dict[
         b.name: {"ratio": _ratio(b.iteration_ms, it), "configuration": b.configuration or b.reason}
         for b in tuned
     }
+    tolerance = plan.solver.tie_tolerance or 0.0
     return {
         **case,
         "plan": _plan_shape(plan),
         "best_peer": None if best is None else f"{best.name}: {best.configuration}",
         "vs_best_peer": None if best is None else _ratio(best.iteration_ms, it),
+        "tie_tolerance": round(tolerance, 4),
+        "verdict": None if best is None else verdict(best.iteration_ms, it, tolerance),
         "search_alone": None if best is None else _ratio(best.iteration_ms, alone),
         "vs_peer_defaults": _ratio(best_default, it),
         "peer_vs_bound": None if best is None else _ratio(best.iteration_ms, bound),
@@ -154,6 +161,22 @@ def run_case(profile_path: Path | tuple[str, Profile], topo_path: Path) -> dict[
         "origin": plan.solver.method.rsplit("-> ", 1)[-1],
         "peers": peers,
     }
+
+
+def verdict(peer_ms: float, pipeplan_ms: float, tolerance: float) -> str:
+    """``ahead`` (pipeplan faster), ``equal``, ``tie`` (the peer faster, but by no more than
+    the solve's tie tolerance: within the profile's noise, where ``solve`` prefers the
+    simpler plan, docs/solve.md) or ``behind`` (the peer faster beyond it: a defect).
+
+    Example::
+
+        verdict(96.0, 100.0, 0.05)   # "tie": 100 <= 96 * 1.05
+    """
+    if pipeplan_ms < peer_ms * (1.0 - 1e-9):
+        return "ahead"
+    if pipeplan_ms <= peer_ms * (1.0 + 1e-9):
+        return "equal"
+    return "tie" if pipeplan_ms <= peer_ms * (1.0 + tolerance) * (1.0 + 1e-9) else "behind"
 
 
 def _geomean(xs: list[float]) -> float | None:
@@ -175,6 +198,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{scope}_{key}_geomean"] = _geomean(xs)
             out[f"{scope}_{key}_worst"] = min(xs) if xs else None
     out["losses"] = sum(1 for r in rows if (r.get("search_alone") or 1.0) < 1.0 - 1e-9)
+    out["ties_below_peer"] = sum(1 for r in rows if r.get("verdict") == "tie")
+    out["behind_peer"] = sum(1 for r in rows if r.get("verdict") == "behind")
     return out
 
 
@@ -217,6 +242,7 @@ def main() -> None:
             k: r.get(k)
             for k in (
                 "vs_best_peer",
+                "verdict",
                 "search_alone",
                 "vs_peer_defaults",
                 "peer_vs_bound",
@@ -229,7 +255,9 @@ def main() -> None:
         "benchmark": "plan_quality",
         "note": (
             "Simulated, deterministic. vs_best_peer = best tuned peer's time / pipeplan's "
-            "(>= 1 means pipeplan is at least as fast); search_alone = the same for pipeplan's "
+            "(>= 1 means pipeplan is at least as fast; verdict tie: the peer faster within the "
+            "solve's tie tolerance, the profile's noise; behind: beyond it); search_alone = "
+            "the same for pipeplan's "
             "search before peer plans join its pool; vs_peer_defaults = best one-stage-per-"
             "device row; peer_vs_bound = best peer / global lower bound (no plan beats a "
             "peer by more); uneven = " + ", ".join(UNEVEN) + "."

@@ -4,15 +4,16 @@ Built on torch.distributed.pipelining's ``stage_backward_input`` / ``stage_backw
 (the split the profiler times), with what a stage whose weights are shared or feed its
 outputs directly needs to train exactly as one whole backward does:
 
-* groups that share a parameter or a node run as **one** parameter group: torch groups the parameters by the
-  nodes where their gradients meet the input-dependent graph, but merges a parameter whose
-  nodes straddle two groups already formed into both (which two depends on set order), so
-  that parameter's gradient would be counted twice, and the first group's call frees the
-  graph the second still needs ("backward through the graph a second time"; a block every
-  layer calls, as ALBERT's; a table every layer reads, as DeBERTa-v2's ``rel_embeddings``;
-  T5's position bias). One group holding every such parameter and node, each node's
-  gradient held at what the input half saw (torch's clamp), computes each parameter's
-  gradient once, in one call; groups that share nothing stay apart (as fast as torch's);
+* groups that share a parameter or a node run as **one** parameter group: torch groups
+  the parameters by the nodes where their gradients meet the input-dependent graph, but
+  merges a parameter whose nodes straddle two groups already formed into both (which two
+  depends on set order), so that parameter's gradient would be counted twice, and the
+  first group's call frees the graph the second still needs ("backward through the graph
+  a second time"; a block every layer calls, as ALBERT's; a table every layer reads, as
+  DeBERTa-v2's ``rel_embeddings``; T5's position bias). One group holding every such
+  parameter and node, each node's gradient held at what the input half saw (torch's
+  clamp), computes each parameter's gradient once, in one call; groups that share
+  nothing stay apart (as fast as torch's own);
 * outputs that do not depend on the stage's inputs (T5's position bias, made from a weight
   and handed on to the next stage) stay out of torch's input half: its groups start at
   nodes that depend on the inputs, so the gradient arriving on such an output would reach
