@@ -2,7 +2,9 @@
 
 The figures behind topologies/cpu.yaml: two processes on this machine exchange tensors with
 ``dist.send``/``dist.recv`` (what ``pipeplan run --device cpu`` uses between stages); a
-ping-pong of 4-byte messages gives the latency, one-way streams of 1-64 MiB the bandwidth.
+ping-pong of 4-byte messages gives the latency, one-way streams of 1-64 MiB the bandwidth,
+and both processes computing while they exchange 64 KiB-1 MiB messages what a message costs
+each end's compute (``message_overhead``; :func:`_message_overhead`).
 
 Run::
 
@@ -28,6 +30,10 @@ SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
 if "--quick" in sys.argv:  # 1 and 4 MiB only; spawned workers see the same argv
     SIZES = SIZES[:2]
 REPEATS = 10
+OVERHEAD_SIZES = [64 << 10, 256 << 10, 1 << 20]
+CHUNKS, OVERHEAD_ROUNDS = 100, 5
+if "--quick" in sys.argv:
+    OVERHEAD_SIZES, OVERHEAD_ROUNDS = OVERHEAD_SIZES[1:2], 2
 
 
 def _free_port() -> int:
@@ -45,6 +51,61 @@ def _ring_model_ms(nbytes: int) -> float:
     topo = load_topology(Path(__file__).resolve().parents[1] / "topologies" / "cpu.yaml")
     full = Topology(topo.name, topo.graph, topo.devices, source=topo.source, relay=topo.relay)
     return full.allreduce_ms(["cpu0", "cpu1"], nbytes)
+
+
+def _chunk(a: torch.Tensor, n: int) -> None:
+    for _ in range(n):
+        torch.mm(a, a)
+
+
+def _message_overhead(rank: int, peer: int, size: int) -> dict[str, float]:
+    """What one message costs each end's compute on a host whose cores are all busy (both
+    processes compute on one thread each, as ``run`` on the 2-core VM): ``CHUNKS`` compute
+    chunks of about 1 ms alone, then again with, after each chunk, one message of ``size``
+    bytes sent to the peer (``isend``) and the peer's previous one waited for (its
+    ``irecv`` posted a chunk ahead, so the data has arrived: no waiting on the wire, as in
+    a pipeline's steady state). The extra time per chunk over the two message ends (one
+    send, one receive) is the per-end overhead, ``message_overhead`` of topologies/cpu.yaml.
+    """
+    a = torch.randn(128, 128)
+    tries = []
+    for _ in range(5):  # chunks of about 1 ms: the fastest of five tries of 100 products
+        t0 = time.perf_counter()
+        _chunk(a, 100)
+        tries.append((time.perf_counter() - t0) / 100)
+    agreed = torch.tensor([max(1, round(1e-3 / min(tries)))])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # the same chunk on both ranks
+    n = int(agreed)
+    out = torch.ones(size // 4)
+    plain, messages = [], []
+    for _ in range(OVERHEAD_ROUNDS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(CHUNKS):
+            _chunk(a, n)
+        plain.append(time.perf_counter() - t0)
+        bufs = [torch.empty(size // 4) for _ in range(CHUNKS)]
+        dist.barrier()
+        t0 = time.perf_counter()
+        recvs = [dist.irecv(bufs[0], peer)]
+        sends = []
+        for k in range(CHUNKS):
+            _chunk(a, n)
+            if k + 1 < CHUNKS:
+                recvs.append(dist.irecv(bufs[k + 1], peer))
+            sends.append(dist.isend(out, peer))
+            if k > 0:
+                recvs[k - 1].wait()
+        recvs[-1].wait()
+        for w in sends:
+            w.wait()
+        messages.append(time.perf_counter() - t0)
+    base, with_messages = statistics.median(plain), statistics.median(messages)
+    return {
+        "bytes": size,
+        "chunk_ms": base / CHUNKS * 1e3,
+        "overhead_us": max(0.0, with_messages - base) / (2 * CHUNKS) * 1e6,
+    }
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -109,6 +170,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             }
         )
     results["rows"] = rows
+    results["message_overhead"] = [_message_overhead(rank, peer, size) for size in OVERHEAD_SIZES]
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -129,6 +191,12 @@ def main() -> None:
         print(
             f"{row['bytes'] / 2**20:>7.0f} MiB {row['seconds'] * 1e3:>9.2f} {row['gb_per_s']:>7.2f}"
             f" {row['allreduce_seconds'] * 1e3:>14.2f} {row['allreduce_efficiency']:>11.2f}"
+        )
+    print("message overhead per end (both processes computing on one thread each):")
+    for row in data["message_overhead"]:
+        print(
+            f"{row['bytes'] / 2**10:>7.0f} KiB {row['overhead_us']:>9.1f} us "
+            f"(chunks of {row['chunk_ms']:.2f} ms)"
         )
     out.write_text(json.dumps(data, indent=1) + "\n")
 

@@ -21,6 +21,7 @@ from planner.plan import StageSpec, parse_stages
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.schedule import family
 from planner.simulate import lower_bound_ms, simulate
+from planner.simulate.tables import with_message_overheads
 from planner.topology import topology_from_dict, uniform_topology
 
 
@@ -99,6 +100,32 @@ def test_transfers_cost_latency_plus_bytes_over_bandwidth() -> None:
     assert result.iteration_ms == pytest.approx(1 + hop + 1 + 2 + hop + 2)
     assert [t.kind for t in result.transfers] == ["F", "B"]
     assert result.lower_bound_ms == pytest.approx(result.iteration_ms)
+
+
+def test_a_message_costs_each_end_its_device_s_overhead() -> None:
+    """``message_overhead`` (a CPU process's own time per message it sends or receives) is
+    added to the sending and to the receiving action, not to the link; stages on one
+    device exchange no message."""
+    prof = synthetic_profile(
+        2, forward_ms=1.0, backward_input_ms=1.0, backward_weight_ms=1.0, output_bytes=10**6
+    )
+    device = {"memory": "1 GiB", "message_overhead": "500 us"}
+    topo = topology_from_dict(
+        {
+            "devices": [{"name": "a", **device}, {"name": "b", **device}],
+            "links": [{"between": ["a", "b"], "bandwidth": "1 GB/s", "latency": "10 us"}],
+        }
+    )
+    result = simulate(prof, topo, parse_stages("0:a;1:b"), "gpipe", 1)
+    hop = 0.01 + 1.0
+    assert result.iteration_ms == pytest.approx(1.5 + hop + 1.5 + 2.5 + hop + 2.5)
+    times = {(0, "a"): (1.0, 2.0, 1.0, 1.0), (1, "a"): (1.0, 2.0, 1.0, 1.0)}
+    one = parse_stages("0:a;1:a")
+    assert with_message_overheads(times, topo, one, [0, 10**6]) == times
+    two = parse_stages("0:a;1:b")
+    both = with_message_overheads(times, topo, two, [0, 10**6])
+    assert both[(0, "a")] == (1.5, 2.5, 1.5, 1.0)  # W exchanges nothing
+    assert topology_from_dict(topo.to_dict()).devices == topo.devices
 
 
 def test_a_link_carries_one_transfer_at_a_time() -> None:

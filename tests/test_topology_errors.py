@@ -115,7 +115,19 @@ def test_the_good_file_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             "{name: gpu1, memory: 16 GiB}",
             "{name: gpu1, memroy: 16 GiB}",
             "devices[1].memroy",
-            "unknown field; expected one of host, kind, memory, name, speed",
+            "unknown field; expected one of host, kind, memory, message_overhead, name, speed",
+        ),
+        (
+            "{name: gpu1, memory: 16 GiB}",
+            "{name: gpu1, memory: 16 GiB, message_overhead: -1 us}",
+            "devices[1].message_overhead",
+            "a time >= 0",
+        ),
+        (
+            "{name: gpu1, memory: 16 GiB}",
+            "{name: gpu1, memory: 16 GiB, message_overhead: 3}",
+            "devices[1].message_overhead",
+            "a time with a unit",
         ),
         ("{name: gpu1, memory: 16 GiB}", "{name: gpu1}", "devices[1].memory", "missing"),
         (

@@ -60,6 +60,7 @@ __all__ = [
     "stage_tables",
     "step_table",
     "tied_exchange_ms",
+    "with_message_overheads",
 ]
 
 # Per (stage, device): forward, backward, input-gradient and weight-gradient times, ms.
@@ -150,6 +151,35 @@ def compute_times(
         boundary_bytes(shard_view(profile, st), st.first - 1, microbatch_size) for st in stages[1:]
     ]
     return times, cut
+
+
+def with_message_overheads(
+    times: ComputeTimes, topology: Topology | None, stages: Sequence[StageSpec], cut: list[int]
+) -> ComputeTimes:
+    """``times`` with each device's ``message_overhead_ms`` (its topology entry) added once
+    per message its action sends to or receives from another device: ``F`` receives the
+    stage's input and sends its output, ``B`` and ``I`` receive the output's gradient and
+    send the input's (``W`` neither). A neighbouring stage on the same device exchanges
+    nothing (one process). Unchanged without a topology or where every overhead is 0 (the
+    bundled GPU topologies).
+
+    Example::
+
+        with_message_overheads(times, load_topology("topologies/cpu.yaml"), stages, cut)
+    """
+    if topology is None or not any(d.message_overhead_ms for d in topology.devices):
+        return times
+    last = len(stages) - 1
+    out = dict(times)
+    for (si, dev), (f, b, i, w) in times.items():
+        cost = topology.device(dev).message_overhead_ms
+        if not cost:
+            continue
+        before = si > 0 and cut[si] > 0 and dev not in stages[si - 1].devices
+        after = si < last and cut[si + 1] > 0 and dev not in stages[si + 1].devices
+        messages = cost * (int(before) + int(after))
+        out[(si, dev)] = (f + messages, b + messages, i + messages, w)
+    return out
 
 
 def _group_times(
@@ -424,6 +454,7 @@ def stage_tables(
         stage_tables(profile, None, stages, build_schedule("1f1b", stages, 8), 4, None)
     """
     times, cut = compute_times(profile, topology, stages, microbatch_size)
+    times = with_message_overheads(times, topology, stages, cut)
     grouped = is_grouped(stages)
     devices = devices_of(schedule, leader_stages(stages) if grouped else stages)
     steps = _step_times(profile, topology, stages, schedule, step_ms)

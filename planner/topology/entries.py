@@ -80,6 +80,15 @@ def _latency(value: Any) -> float:
     return latency
 
 
+def _overhead(value: Any) -> float:
+    overhead = parse_time_ms(value)
+    if overhead < 0:
+        raise _fail("a time >= 0", value)
+    if overhead > MAX_TIME_MS:
+        raise _fail(f"a time of at most {format_time_ms(MAX_TIME_MS)}", value)
+    return overhead
+
+
 def _speed(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise _fail("a positive number (1.0 = profiling device)", value)
@@ -118,13 +127,14 @@ SIZE = Kind("a size such as '80 GiB'", _size)
 BANDWIDTH = Kind("a bandwidth such as '25 GB/s'", _bandwidth)
 LATENCY = Kind("a time such as '1 us'", _latency)
 SPEED = Kind("a positive number (1.0 = profiling device)", _speed)
+OVERHEAD = Kind("a time such as '200 us'", _overhead)
 TEXT = Kind("a string", _text)
 
 _Text = Annotated[str, TEXT]
 _LinkCount = Annotated[int, _whole(MAX_LINK_COUNT)]
 _HostCount = Annotated[int, _whole(MAX_DEVICES)]
 
-DEVICE_KEYS = frozenset({"name", "memory", "speed", "host", "kind"})
+DEVICE_KEYS = frozenset({"name", "memory", "speed", "host", "kind", "message_overhead"})
 """The keys of a device entry (``defaults`` may give all but ``name``)."""
 
 
@@ -137,6 +147,8 @@ class DeviceEntry:
     speed: Annotated[float, SPEED] = 1.0
     host: _Text = DEFAULT_HOST
     kind: _Text = ""
+    # ms of this device's own time per message it sends to or receives from another device
+    message_overhead: Annotated[float, OVERHEAD] = 0.0
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,11 @@ class Device:
     speed: float = 1.0  # divides profiled times; 1.0 = the profiling device
     host: str = DEFAULT_HOST
     kind: str = ""
+    # The device's own time per message it sends to or receives from another device, on
+    # top of the link's: a CPU process's share of gloo's copies and threads and of posting
+    # and waiting, time its compute loses where the host's cores are all busy. 0 for GPUs
+    # (the copy engines and NCCL's kernels overlap the compute).
+    message_overhead_ms: float = 0.0
 
 
 class Topology:
@@ -495,6 +500,11 @@ class Topology:
                 "host": d.host,
                 "kind": d.kind,
             }
+            | (
+                {"message_overhead": format_time_ms(d.message_overhead_ms, exact=True)}
+                if d.message_overhead_ms
+                else {}
+            )
             for d in self.devices
         ]
         switches = [{"name": s, "kind": self.graph.nodes[s].get("kind", "")} for s in self.switches]

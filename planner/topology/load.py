@@ -133,7 +133,11 @@ class _Builder:
         self.check_device_count(len(names), field)
         for name in names:
             self.claim(name, f"{field}.name")
-            self.devices.append(Device(name, entry.memory, entry.speed, entry.host, entry.kind))
+            self.devices.append(
+                Device(
+                    name, entry.memory, entry.speed, entry.host, entry.kind, entry.message_overhead
+                )
+            )
             self.graph.add_node(name)
 
     def check_device_count(self, more: int, field: str) -> None:
