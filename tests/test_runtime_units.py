@@ -307,3 +307,8 @@ def test_run_count_collectives_reaches_run_plan_and_the_report(
         assert done.value.code == 0 and seen["count_collectives"] is counted
     out = capsys.readouterr().out
     assert "collectives per microbatch" in out and "4 x all_reduce 100 B" in out and "yes" in out
+    with pytest.raises(SystemExit):
+        main(["run", "plan.json", "--model", "m.py", "--count-collectives", "--json"])
+    rows = json.loads(capsys.readouterr().out)["collectives"]
+    assert rows[0]["counted"] == [{"op": "all_reduce", "bytes": 100, "count": 4}]
+    assert rows[0]["match"] is True and len(rows) == 4
