@@ -524,8 +524,11 @@ def test_a_measured_bf16_profile_of_a_mixture_of_experts_runs(tmp_path: Path) ->
     assert profile.precision == "bf16" and profile.measurement(1).layers[1].forward_ms > 0
 
 
-@pytest.mark.parametrize(("folder", "billions"), [("llama3-70b", 70.55), ("mixtral-8x7b", 46.70)])
-def test_hf_config_examples_build_on_meta_only(folder: str, billions: float) -> None:
+@pytest.mark.parametrize(
+    ("folder", "billions", "tokens"),
+    [("llama3-70b", 70.55, 4096), ("mixtral-8x7b", 46.70, 4096), ("llama3-8b", 8.03, 8192)],
+)
+def test_hf_config_examples_build_on_meta_only(folder: str, billions: float, tokens: int) -> None:
     pytest.importorskip("transformers")
     user = load_model_file(EXAMPLES / folder / "model.py")
     assert user.name == folder
@@ -535,8 +538,8 @@ def test_hf_config_examples_build_on_meta_only(folder: str, billions: float) -> 
     assert params / 1e9 == pytest.approx(billions, abs=0.01)
     assert all(p.is_meta and p.dtype == torch.float32 for p in model.parameters())
     inputs, targets = user.batch(2)
-    assert inputs["input_ids"].shape == targets.shape == (2, 4096)
-    # Measuring it would build 200-300 GB of weights: it refuses in one line instead.
+    assert inputs["input_ids"].shape == targets.shape == (2, tokens)
+    # Measuring it would build 32-300 GB of weights: it refuses in one line instead.
     with pytest.raises(InputError, match="meta device only.*--analytic") as info:
         user.build()
     assert info.value.field == "build_model"

@@ -61,6 +61,29 @@ def test_the_band_is_the_schedule_simulated_at_both_ends() -> None:
     assert wide.low_ms < stream.iteration_ms < wide.high_ms
 
 
+def test_a_tensor_parallel_plan_has_the_band_of_its_shards_spreads() -> None:
+    # The quantile profiles moved the whole layers' timings only, so a plan whose stages
+    # are timed from their shards' entries had a band of zero width (a measured TP2 x PP2
+    # plan of examples/hf_llama.py: "band 159.765-159.765").
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+
+    profile = synthetic_tensor_parallel(synthetic_profile(4), degrees=(2,))
+    for m in profile.measurements:
+        for t in m.layers:
+            shard = t.sharded["tp2"]
+            shard.spread = {
+                name: [getattr(shard, name) * 0.9, getattr(shard, name) * 1.2] for name in NAMES
+            }
+    assert has_spread(profile)
+    low = quantile_profile(profile, "low").measurements[0].layers[1].sharded["tp2"]
+    shard = profile.measurements[0].layers[1].sharded["tp2"]
+    assert low.forward_ms == pytest.approx(0.9 * shard.forward_ms) and low.spread == {}
+    stages = parse_stages("0-1:a+b;2-3:c+d")
+    result = simulate(profile, None, stages, "1f1b", 4, 1)
+    band = prediction_band(profile, None, stages, result)
+    assert band.low_ms < result.iteration_ms < band.high_ms
+
+
 def test_a_profile_without_spreads_has_a_band_of_zero_width() -> None:
     profile = load_profile(GPT)
     for m in profile.measurements:

@@ -14,6 +14,7 @@ from planner.plan import FileRef, Plan, parse_stages
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
 from planner.runtime.calibrate import calibrated_profile
 from planner.runtime.comm import message_key, message_order
+from planner.runtime.measured import CountedCollective
 from planner.runtime.optimizer import StreamedTwoBW
 from planner.runtime.placement import place
 from planner.runtime.report import RunReport, explain_gap
@@ -204,3 +205,110 @@ def test_worker_config_travels_as_json_and_checks_its_plan() -> None:
     with pytest.raises(InputError) as info:
         read_record(WorkerConfig, broken, file="c.json")
     assert (info.value.file, info.value.field) == ("c.json", "training.split.layer_names")
+
+
+def _grouped_plan(recompute: tuple[int, ...] = ()) -> tuple[Plan, Profile]:
+    from planner.cost import synthetic_profile, synthetic_tensor_parallel
+
+    stages = parse_stages("0-1:a+b;2-3:c+d", recompute=list(recompute))
+    plan = Plan(FileRef("x"), FileRef("y"), 1, 4, stages, build_schedule("1f1b", stages, 4))
+    # Per layer and degree 2: F 0.5, B 1.0; two all-reduces of 100 B forward, two backward.
+    return plan, synthetic_tensor_parallel(synthetic_profile(4), degrees=(2,))
+
+
+def test_a_tensor_parallel_gap_is_not_put_on_compute_alone() -> None:
+    # A TP stage's measured F and B hold its group's collectives, which the profiled shard
+    # times do not; the note said "how fast the stages computed ... --calibrate folds it
+    # into a profile", and run refuses --calibrate for TP plans.
+    plan, profile = _grouped_plan()
+    slow = _report(700.0, {"F0": 7.0, "B0": 14.0, "F1": 1.0, "B1": 2.0})
+    explain_gap(slow, profile, plan)
+    assert slow.compute_ratio == pytest.approx(7.0)
+    note = slow.notes[-1]
+    assert "tensor-parallel stages 0, 1 also hold their group's collectives" in note
+    assert "--calibrate" not in note and "--trace" in note
+    elsewhere = _report(700.0, {"F0": 1.0, "B0": 2.0, "F1": 1.0, "B1": 2.0})
+    explain_gap(elsewhere, profile, plan)
+    assert "outside the stages' compute" in elsewhere.notes[-1]
+
+
+def _counted(plan: Plan, profile: Profile) -> list[CountedCollective]:
+    """What every member's F and B would issue if each did what the profile lists."""
+    layers = profile.measurement(1).layers
+    out = []
+    for device, actions in plan.schedule.devices.items():
+        for a in actions:
+            if a.kind.name not in ("F", "B"):
+                continue
+            st = plan.stages[a.stage]
+            phase = "forward" if a.kind.name == "F" else "backward"
+            listed = [
+                c
+                for t in layers[st.first : st.last + 1]
+                for c in t.sharded["tp2"].collectives
+                if c.phase == phase or (st.recompute and a.kind.name == "B")
+            ]
+            for c in listed:
+                out.append(
+                    CountedCollective(
+                        device, a.kind.name, a.stage, a.microbatch, c.op, c.bytes, phase
+                    )
+                )
+    return out
+
+
+def test_counted_collectives_are_put_beside_the_profiles() -> None:
+    from planner.runtime.collective_report import collective_summary, describe_collectives
+
+    plan, profile = _grouped_plan(recompute=(1,))
+    counted = _counted(plan, profile)
+    rows = collective_summary(counted, plan, profile)
+    assert [(r["stage"], r["group"], r["phase"]) for r in rows] == [
+        (0, "a+b", "forward"), (0, "a+b", "backward"), (1, "c+d", "forward"), (1, "c+d", "backward")
+    ]  # fmt: skip
+    assert all(r["match"] and r["uniform"] for r in rows)
+    assert describe_collectives(rows[0]["counted"]) == "4 x all_reduce 100 B"
+    # Stage 1 recomputes: its backward runs the forward's collectives again.
+    assert describe_collectives(rows[3]["listed"]) == "8 x all_reduce 100 B"
+    # One member's microbatch missing one collective: not uniform, not the profile's.
+    dropped = [
+        c for c in counted if (c.device, c.stage, c.microbatch, c.phase) == ("b", 0, 2, "forward")
+    ]
+    rows = collective_summary([c for c in counted if c is not dropped[0]], plan, profile)
+    assert not rows[0]["uniform"] and rows[0]["match"] is False and rows[1]["match"]
+    # Nothing counted for a stage (no collective ran) is a mismatch too, not a pass.
+    rows = collective_summary([c for c in counted if c.stage == 0], plan, profile)
+    assert rows[2]["counted"] == [] and rows[2]["match"] is False
+    # Without the profile: only whether every member and microbatch issued the same.
+    rows = collective_summary(counted, plan, None)
+    assert rows[0]["listed"] is None and rows[0]["match"] is None and rows[0]["uniform"]
+
+
+def test_run_count_collectives_reaches_run_plan_and_the_report(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from planner.cli import main
+    from planner.runtime import runner
+    from planner.runtime.collective_report import collective_summary
+
+    plan, profile = _grouped_plan()
+    seen: dict[str, object] = {}
+
+    def fake_run_plan(*args: object, **kwargs: object) -> RunReport:
+        seen.update(kwargs)
+        report = _report(100.0, {})
+        report.collective_rows = collective_summary(_counted(plan, profile), plan, profile)
+        return report
+
+    monkeypatch.setattr(runner, "run_plan", fake_run_plan)
+    for flags, counted in (([], False), (["--count-collectives"], True)):
+        with pytest.raises(SystemExit) as done:
+            main(["run", "plan.json", "--model", "m.py", *flags])
+        assert done.value.code == 0 and seen["count_collectives"] is counted
+    out = capsys.readouterr().out
+    assert "collectives per microbatch" in out and "4 x all_reduce 100 B" in out and "yes" in out
+    with pytest.raises(SystemExit):
+        main(["run", "plan.json", "--model", "m.py", "--count-collectives", "--json"])
+    rows = json.loads(capsys.readouterr().out)["collectives"]
+    assert rows[0]["counted"] == [{"op": "all_reduce", "bytes": 100, "count": 4}]
+    assert rows[0]["match"] is True and len(rows) == 4

@@ -94,6 +94,12 @@ def run_command(
         "model -> tensor), as model.load_state_dict(..., strict=False) takes them.",
         show_default=False,
     ),
+    count_collectives: bool = typer.Option(
+        False,
+        "--count-collectives",
+        help="Count the collectives each tensor-parallel stage issues per microbatch (last "
+        "step) and put them beside the profile's (a check: slows the steps).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Run a plan: one process per device, its action lists exactly, measured.
@@ -120,6 +126,7 @@ def run_command(
         report = run_this_rank(
             plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
             threads=threads, lr=lr, precision=precision, return_params=save_params is not None,
+            count_collectives=count_collectives,
         )  # fmt: skip
         if report is None:  # not rank 0: rank 0 prints
             return
@@ -129,7 +136,7 @@ def run_command(
         report = run_plan(
             plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
             threads=threads, lr=lr, device_map=device_map, precision=precision,
-            return_params=save_params is not None,
+            return_params=save_params is not None, count_collectives=count_collectives,
         )  # fmt: skip
     # A failed rank (RunFailed) is exit 1 and Ctrl-C exit 130, in planner.cli.main.
     outputs = _write_outputs(outs, report, plan_path, trace, calibrate, save_params)

@@ -6,7 +6,8 @@ model a ``config.json`` describes, built with random initial weights by transfor
 only ever on the meta device (``pipeplan profile --analytic``): built anywhere else it
 refuses with one line, so a measured profile or a run of a model whose weights would not
 fit stops instead of exhausting the machine's memory; and a batch of random token ids.
-Nothing is downloaded and no weights are read.
+Nothing is downloaded and no weights are read. ``llama_tp_plan`` gives a Llama's
+sequence-parallel tensor-parallel plan, which transformers does not declare.
 
 Example::
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["meta_causal_lm", "token_batch"]
+__all__ = ["llama_tp_plan", "meta_causal_lm", "token_batch"]
 
 
 def meta_causal_lm(config_path: str | Path, **from_config: Any) -> nn.Module:
@@ -75,3 +76,49 @@ def token_batch(
     g = torch.Generator().manual_seed(batch_size)
     tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=g)
     return {"input_ids": tokens[:, :-1].contiguous()}, tokens[:, 1:].contiguous()
+
+
+def llama_tp_plan(sequence_parallel: bool = False) -> dict[str, object] | None:
+    """A ``tp_plan()`` for a Hugging Face Llama (``LlamaForCausalLM``): None without sequence
+    parallelism (transformers' own ``base_model_tp_plan`` stays in force); with it, that
+    plan's sequence-parallel form in torch's styles, the layout torchtitan uses for its
+    Llama (norms on a part of the sequence, the attention's and the MLP's input gathered
+    once each, the row-split outputs reduce-scattered; the head gathers its logits).
+
+    Example::
+
+        def tp_plan(sequence_parallel=False):  # in model.py
+            return llama_tp_plan(sequence_parallel)
+    """
+    if not sequence_parallel:
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    sequence, layer = Shard(1), "model.layers.*"
+    return {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence),
+        f"{layer}.input_layernorm": SequenceParallel(use_local_output=True),
+        f"{layer}.self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": sequence},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        ),
+        f"{layer}.self_attn.q_proj": ColwiseParallel(),
+        f"{layer}.self_attn.k_proj": ColwiseParallel(),
+        f"{layer}.self_attn.v_proj": ColwiseParallel(),
+        f"{layer}.self_attn.o_proj": RowwiseParallel(output_layouts=sequence),
+        f"{layer}.post_attention_layernorm": SequenceParallel(use_local_output=True),
+        f"{layer}.mlp": PrepareModuleInput(
+            input_layouts=(sequence,), desired_input_layouts=(Replicate(),)
+        ),
+        f"{layer}.mlp.gate_proj": ColwiseParallel(),
+        f"{layer}.mlp.up_proj": ColwiseParallel(),
+        f"{layer}.mlp.down_proj": RowwiseParallel(output_layouts=sequence),
+        "model.norm": SequenceParallel(use_local_output=True),
+        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=Replicate()),
+    }

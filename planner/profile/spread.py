@@ -1,7 +1,8 @@
 """A profile's spread: every layer at the low or the high end of its measured repeats.
 
 The profiler keeps, beside each timing's median, its spread over the repeats
-(``LayerTiming.spread``, e.g. ``{"forward_ms": [p25, p75]}``: the quartiles). A
+(``LayerTiming.spread``, e.g. ``{"forward_ms": [p25, p75]}``: the quartiles; a
+tensor-parallel shard's entry, ``LayerTiming.sharded[key].spread``, likewise). A
 *quantile profile* is a copy of the profile with every timing replaced by one end of its
 spread: ``low`` (the first quartile) or ``high`` (the third). Simulating a plan on both
 gives its prediction band (:mod:`planner.simulate.band`). Timings without a spread
@@ -20,6 +21,7 @@ import copy
 from typing import Literal
 
 from planner.profile.schema import LayerTiming, Profile
+from planner.profile.sharding import ShardTiming
 
 __all__ = ["SIDES", "Side", "has_spread", "quantile_profile"]
 
@@ -39,7 +41,8 @@ def has_spread(profile: Profile) -> bool:
     return any(
         _end(t, name, "low") != _end(t, name, "high")
         for m in profile.measurements
-        for t in m.layers
+        for layer in m.layers
+        for t in _timings(layer)
         for name in _TIMINGS
     )
 
@@ -60,17 +63,25 @@ def quantile_profile(profile: Profile, side: Side) -> Profile:
         raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     out = copy.deepcopy(profile)
     for measurement in out.measurements:
-        for t in measurement.layers:
-            ends = {name: _end(t, name, side) for name in _TIMINGS}
-            t.forward_ms = ends["forward_ms"]
-            t.backward_ms = ends["backward_ms"]
-            t.backward_input_ms = ends["backward_input_ms"]
-            t.backward_weight_ms = ends["backward_weight_ms"]
-            t.spread = {}
+        for layer in measurement.layers:
+            # A tensor-parallel shard's entries have their own spread: a plan with TP
+            # stages is timed from them, and its band had zero width without this.
+            for t in _timings(layer):
+                ends = {name: _end(t, name, side) for name in _TIMINGS}
+                t.forward_ms = ends["forward_ms"]
+                t.backward_ms = ends["backward_ms"]
+                t.backward_input_ms = ends["backward_input_ms"]
+                t.backward_weight_ms = ends["backward_weight_ms"]
+                t.spread = {}
     return out
 
 
-def _end(t: LayerTiming, name: str, side: Side) -> float:
+def _timings(layer: LayerTiming) -> list[LayerTiming | ShardTiming]:
+    """The layer's own timing and its tensor-parallel shards' entries."""
+    return [layer, *layer.sharded.values()]
+
+
+def _end(t: LayerTiming | ShardTiming, name: str, side: Side) -> float:
     """One end of a timing's spread, on the right side of its median (the median where
     there is no spread)."""
     median = float(getattr(t, name))

@@ -48,6 +48,7 @@ __all__ = [
     "RunReport",
     "build_report",
     "measured_trace",
+    "print_collectives",
     "print_run_report",
     "side_by_side",
     "trace_with_prediction",
@@ -100,6 +101,9 @@ class RunReport:
     # run_plan(count_collectives=True): each collective the last step's forwards and
     # backwards issued ({device, kind, stage, microbatch, op, bytes, phase}).
     collectives: list[CountedCollective] = field(default_factory=list)
+    # The same per tensor-parallel stage and phase beside the profile's lists
+    # (planner.runtime.collective_report); None: not counted.
+    collective_rows: list[dict[str, Any]] | None = None
 
     @property
     def global_batch(self) -> int:
@@ -167,7 +171,7 @@ class RunReport:
             "precision": self.precision,
             "skipped_steps": self.skipped_steps,
             "notes": self.notes,
-        }
+        } | ({} if self.collective_rows is None else {"collectives": self.collective_rows})
 
 
 def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
@@ -200,7 +204,18 @@ def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
         explained = report.compute_ratio >= ratio - 0.1
     else:
         explained = report.compute_ratio <= ratio + 0.1
-    if explained:
+    grouped = [st.id for st in plan.stages if st.tensor_parallel > 1]
+    if explained and grouped:
+        # A tensor-parallel stage's measured F and B hold its group's collectives, which
+        # its profiled shard times leave to the simulator; --calibrate refuses such plans.
+        which = ("stages " if len(grouped) > 1 else "stage ") + ", ".join(map(str, grouped))
+        why = (
+            f"the measured forward and backward of tensor-parallel {which} also hold "
+            "their group's collectives, which the profile's shard times leave to the "
+            "simulator (the topology's links): the gap is in their compute or in those "
+            "collectives; --trace puts the measured step beside the predicted one"
+        )
+    elif explained:
         why = (
             "most of the gap is how fast the stages computed (machine load, clocks, cores "
             "shared), not the schedule; --calibrate folds it into a profile"
@@ -447,8 +462,44 @@ def print_run_report(report: RunReport, console: Console) -> None:
             format_bytes(report.peak_memory_bytes.get(dev, 0)),
         )
     console.print(mem)
+    if report.collective_rows is not None:
+        print_collectives(report.collective_rows, console)
     for note in report.notes:  # a warning (the microbatch size matters) says so itself
         console.print(note if note.startswith("warning: ") else f"note: {note}")
+
+
+def print_collectives(rows: list[dict[str, Any]], console: Console) -> None:
+    """``run --count-collectives``: per tensor-parallel stage and phase, what one
+    microbatch issued on one member in the last step beside what the profile lists.
+
+    Example::
+
+        print_collectives(report.collective_rows, Console())
+    """
+    from rich.table import Table
+
+    from planner.runtime.collective_report import describe_collectives
+
+    if not rows:
+        console.print("collectives: no tensor-parallel stage, none counted")
+        return
+    table = Table(title="collectives per microbatch (last step, counted on every member)")
+    for name in ("stage", "group", "phase", "counted", "profile lists", "same"):
+        table.add_column(name)
+    for row in rows:
+        if row["match"] is not None:
+            same = "yes" if row["match"] else "NO"
+        else:  # no profile to compare with: only whether every action issued the same
+            same = "-" if row["uniform"] else "NO: members or microbatches differ"
+        table.add_row(
+            str(row["stage"]),
+            row["group"],
+            row["phase"],
+            describe_collectives(row["counted"]),
+            describe_collectives(row["listed"]),
+            same,
+        )
+    console.print(table)
 
 
 def trace_with_prediction(report: RunReport, plan: Plan, plan_path: Path) -> dict[str, Any]:

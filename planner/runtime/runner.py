@@ -41,6 +41,7 @@ from planner.profile.colocation import busy_cores, colocation_note, load_note, p
 from planner.profile.loader import check_model_path
 from planner.profile.model_check import ProfiledSplit, check_source
 from planner.profile.schema import load_profile
+from planner.runtime.collective_report import collective_summary
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env, wait_for_rendezvous
 from planner.runtime.launch import launch_local
 from planner.runtime.mesh import check_parallel_run
@@ -381,6 +382,8 @@ def run_plan(
     if settings.profile is not None:
         _predict_one_gpu(report, settings.profile, plan, placement)
         explain_gap(report, settings.profile, plan)
+    if count_collectives:
+        report.collective_rows = collective_summary(report.collectives, plan, settings.profile)
     return report
 
 
@@ -441,6 +444,7 @@ def run_this_rank(
     lr: float | None = None,
     precision: str | None = None,
     return_params: bool = False,
+    count_collectives: bool = False,
 ) -> RunReport | None:
     """Under torchrun (:func:`planner.runtime.environment.torchrun_env`: ``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set and well formed): this process is
@@ -479,6 +483,7 @@ def run_this_rank(
             plan, settings, placement, model_path, steps=steps, warmup=warmup,
             timeout_s=timeout_s, run_dir=run_dir, threads=threads, lr=lr,
             plan_source=source, return_params=return_params,
+            count_collectives=count_collectives,
         )  # fmt: skip
         result = worker_main(rank, dataclasses.replace(config, init_method="env://"))
         if result is not None and return_params:
@@ -493,4 +498,6 @@ def run_this_rank(
     )
     report.profile_path = settings.profile_path
     report.parameters = parameters
+    if count_collectives:
+        report.collective_rows = collective_summary(report.collectives, plan, settings.profile)
     return report
