@@ -8,12 +8,15 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from planner.plan import Plan
 from planner.profile import Profile, load_profile
 from planner.shape import PlanShape
+from planner.simulate.band import Band
 from planner.solve import solve
 from planner.solve.scored import Scored
-from planner.solve.ties import preference
+from planner.solve.ties import MAX_TIE_TOLERANCE, preference, tie_tolerance
 from planner.stages import StageSpec
 from planner.topology import load_topology
 
@@ -107,3 +110,11 @@ def test_the_preference_among_ties_is_the_shape_first() -> None:
     swapped.iteration_ms = 50.0
     assert preference(swapped) < preference(_scored(pipeline, "zb"))
     assert preference(swapped) > preference(fast)
+
+
+def test_a_noisy_profile_ties_plans_at_most_ten_percent_apart() -> None:
+    profile = load_profile(DEMO_PROFILE)
+    assert profile.meta["repeat"] == 5
+    # 1.25 * sqrt(2) / 1.35 / sqrt(5) of the band's relative width, up to 10%
+    assert tie_tolerance(profile, Band(92.0, 108.0), 100.0) == pytest.approx(0.0937, abs=1e-4)
+    assert tie_tolerance(profile, Band(50.0, 400.0), 100.0) == MAX_TIE_TOLERANCE == 0.10

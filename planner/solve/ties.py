@@ -9,8 +9,8 @@ solve. The rule (docs/solve.md#ties-within-the-noise):
    at the high end of its profiled spread);
 3. every plan that fits and whose predicted time per sample exceeds the anchor's by at
    most :func:`tie_tolerance` (about 0.59 of the band's relative width for a profile of 5
-   repeats: how far apart two profiles' medians typically are) is a tie, the anchor
-   included; a profile without spreads has a band of zero width, and then only plans
+   repeats: how far apart two profiles' medians typically are; at most 10%) is a tie, the
+   anchor included; a profile without spreads has a band of zero width, and then only plans
    exactly as fast tie;
 4. among the ties the preferred plan is chosen by :func:`preference`: fewer devices, the
    more conventional schedule (1f1b, gpipe, zb, interleaved, then the others), fewer
@@ -38,11 +38,16 @@ from planner.solve.options import AUTO_SCHEDULES
 from planner.solve.scored import Scored
 from planner.solve.search import Search
 
-__all__ = ["Choice", "choose_plan", "preference", "tie_tolerance"]
+__all__ = ["MAX_TIE_TOLERANCE", "Choice", "choose_plan", "preference", "tie_tolerance"]
 
 # The median of n samples varies with a standard deviation of about 1.25 sigma / sqrt(n);
 # two such medians differ by sqrt(2) times that; an interquartile range is 1.35 sigma.
 _SPREAD_TO_TIE = 1.25 * math.sqrt(2.0) / 1.35
+
+MAX_TIE_TOLERANCE = 0.10
+"""The most two plans may differ and still tie: a profile measured on a busy machine has
+layer spreads so wide that its band would tie plans 2x apart (seen on the 2-core VM under
+load 4), and there choosing a slower plan is the larger risk than a flip between solves."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,8 @@ def tie_tolerance(profile: Profile, band: Band, predicted_ms: float) -> float:
     of the difference between two profiles' medians over ``repeat`` runs each, taken from
     the band (which spans the repeats' quartiles: about 1.35 standard deviations), i.e.
     ``1.25 * sqrt(2) / 1.35 / sqrt(repeat)`` times the band's relative width (0.59 of it
-    for the profiler's 5 repeats). 0 for a band of zero width.
+    for the profiler's 5 repeats), at most :data:`MAX_TIE_TOLERANCE`. 0 for a band of zero
+    width.
 
     Example::
 
@@ -101,7 +107,7 @@ def tie_tolerance(profile: Profile, band: Band, predicted_ms: float) -> float:
     repeat = profile.meta.get("repeat")
     n = repeat if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 0 else 5
     width = (band.high_ms - band.low_ms) / predicted_ms
-    return _SPREAD_TO_TIE / math.sqrt(n) * width
+    return min(MAX_TIE_TOLERANCE, _SPREAD_TO_TIE / math.sqrt(n) * width)
 
 
 def choose_plan(pool: Sequence[Scored], search: Search) -> Choice:
