@@ -19,13 +19,21 @@ __all__ = ["main"]
 
 
 def main() -> None:
-    """Import the CLI, then run it (see the module's description)."""
+    """Import the CLI, then run it (see the module's description): a Ctrl-C before the
+    CLI's own handling starts (during the import, or between it and the first command
+    line) is answered here.
+
+    Example::
+
+        main()   # as the console script calls it; exits with the command's code
+    """
     try:
         from planner.cli import main as cli_main
+
+        cli_main()
     except KeyboardInterrupt:
         print("pipeplan: error: interrupted by SIGINT", file=sys.stderr)
         raise SystemExit(130) from None
-    cli_main()
 
 
 if __name__ == "__main__":

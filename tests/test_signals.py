@@ -236,19 +236,34 @@ def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_while_planner_itself_is_imported_is_one_line(tmp_path: Path) -> None:
-    """A Ctrl-C a tenth of a second in, while ``planner`` is still being imported (before
-    planner.cli can handle signals; the console script's module handles it)."""
+    """A Ctrl-C while ``planner`` is still being imported, before planner.cli can handle
+    signals (the console script's module handles it): sent as soon as ``-X importtime``
+    reports the first of planner's modules, so it lands inside the import on any machine."""
+    tag = uuid.uuid4().hex
     args = ["solve", "--profile", str(ROOT / "profiles" / "mlp.json"), "--topology", "x.yaml"]
-    started = start(args, tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "pipeplan_cli", *args],
+        env={**os.environ, TAG: tag}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
     try:
-        time.sleep(0.1)
-        if started.proc.poll() is not None:  # pragma: no cover - a machine faster than that
-            pytest.skip("the command ended within 0.1 s")
-        os.killpg(started.proc.pid, signal.SIGINT)
-        code, err = started.finish()
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            module = line.rsplit("|", 1)[-1].strip()
+            if line.startswith("import time:") and module.startswith("planner"):
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        _, rest = proc.communicate(timeout=HARD_TIMEOUT_S)
     finally:
-        started.kill_leftovers()
-    assert_ended_cleanly(started, code, err, 130, "interrupted by SIGINT")
+        kill_tagged(tag)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    said = [x for x in ("".join(lines) + rest).splitlines() if not x.startswith("import time:")]
+    assert proc.returncode == 130, said
+    assert said == ["pipeplan: error: interrupted by SIGINT"]
 
 
 def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_exits() -> None:

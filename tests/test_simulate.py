@@ -15,6 +15,7 @@ from planner.cost import (
     stage_memory_bytes,
     stage_static_bytes,
     synthetic_profile,
+    synthetic_tensor_parallel,
 )
 from planner.errors import InputError
 from planner.plan import StageSpec, parse_stages
@@ -126,6 +127,33 @@ def test_a_message_costs_each_end_its_device_s_overhead() -> None:
     both = with_message_overheads(times, topo, two, [0, 10**6])
     assert both[(0, "a")] == (1.5, 2.5, 1.5, 1.0)  # W exchanges nothing
     assert topology_from_dict(topo.to_dict()).devices == topo.devices
+
+
+def test_a_tensor_parallel_group_pays_its_slowest_member_s_overhead() -> None:
+    """The group's times are its leader's: the overhead is the members' largest, whatever
+    the order the members are written in."""
+    prof = synthetic_tensor_parallel(synthetic_profile(4, output_bytes=10**6), degrees=(2,))
+    slow = {"memory": "1 GiB", "message_overhead": "5 ms"}
+    fast = {"memory": "1 GiB"}
+    topo = topology_from_dict(
+        {
+            "devices": [
+                {"name": "c0", **fast},
+                {"name": "c1", **slow},
+                {"name": "c2", **fast},
+                {"name": "c3", **slow},
+            ],
+            "switches": ["sw"],
+            "links": [{"between": ["c{0..3}", "sw"], "bandwidth": "1 GB/s"}],
+        }
+    )
+    times = [
+        simulate(prof, topo, parse_stages(text), "1f1b", 4).iteration_ms
+        for text in ("0-1:c0+c1;2-3:c2+c3", "0-1:c1+c0;2-3:c3+c2")
+    ]
+    free = simulate(prof, None, parse_stages("0-1:c0+c1;2-3:c2+c3"), "1f1b", 4).iteration_ms
+    assert times[0] == pytest.approx(times[1])
+    assert times[0] > free + 4 * 2 * 5.0  # every F and B of both stages pays 5 ms at least
 
 
 def test_a_link_carries_one_transfer_at_a_time() -> None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from planner.profile.split import capture_model
-from planner.runtime.split_backward import depends_on, input_half, one_group, weight_half
+from planner.runtime.split_backward import depends_on, input_half, merged_groups, weight_half
 from planner.runtime.stage import StageRuntime
 
 MODELS = Path(__file__).parent / "models"
@@ -106,7 +106,7 @@ def test_t5_decoder_stage_under_zero_bubble() -> None:
             torch.testing.assert_close(split[n], g, rtol=1e-5, atol=1e-5)
 
 
-def test_depends_on_and_one_group() -> None:
+def test_depends_on_and_merged_groups() -> None:
     x = torch.randn(3, requires_grad=True)
     w = torch.randn(3, requires_grad=True)
     both = (w * 2).sum() + x.sum()
@@ -118,10 +118,10 @@ def test_depends_on_and_one_group() -> None:
         {"params": {3}, "intermediates": [b]},  # no gradient reached it; shares node b
         {"params": {4}, "intermediates": [c], "grads": [(torch.ones(1),)]},  # shares nothing
     ]
-    one, apart = one_group(groups)
+    one, apart = merged_groups(groups)
     assert one["params"] == {1, 2, 3} and one["intermediates"] == [a]
     assert apart["params"] == {4} and apart["intermediates"] == [c]
-    assert one_group([{"params": {1}, "intermediates": [a]}]) == []
+    assert merged_groups([{"params": {1}, "intermediates": [a]}]) == []
 
 
 def test_weight_half_leaves_the_input_half_s_work_alone() -> None:

@@ -319,6 +319,33 @@ def test_defaults_fill_missing_device_fields() -> None:
     assert topo.link_latency_ms("g0", "g1") == 0.0  # latency defaults to 0
 
 
+def test_message_overhead_from_defaults_hosts_and_devices() -> None:
+    hosts = topology_from_dict(
+        {
+            "defaults": {"message_overhead": "300 us"},
+            "hosts": {
+                "count": 2,
+                "devices": {"count": 2, "memory": "4 GiB"},
+                "network": {"bandwidth": "3 GB/s"},
+            },
+        }
+    )
+    assert [d.message_overhead_ms for d in hosts.devices] == [0.3] * 4
+    named = topology_from_dict(
+        {
+            "devices": [
+                {"name": "c0", "memory": "1 GiB", "message_overhead": "1 ms"},
+                {"name": "c1", "memory": "1 GiB"},
+            ],
+            "links": [{"between": ["c0", "c1"], "bandwidth": "1 GB/s"}],
+        }
+    )
+    assert [d.message_overhead_ms for d in named.devices] == [1.0, 0.0]
+    back = topology_from_dict(named.to_dict())
+    assert back.devices == named.devices
+    assert "message_overhead" not in named.to_dict()["devices"][1]  # 0: files stay as they were
+
+
 def test_relay_switches_rejects_topologies_that_need_relaying() -> None:
     data = {
         "relay": "switches",

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["WeightHalf", "depends_on", "input_half", "one_group", "weight_half"]
+__all__ = ["WeightHalf", "depends_on", "input_half", "merged_groups", "weight_half"]
 
 
 @dataclass
@@ -120,11 +120,11 @@ def input_half(
             list(inputs),
             iter(params),  # type: ignore[arg-type]
         )
-        half.groups = one_group(groups)
+        half.groups = merged_groups(groups)
     return half
 
 
-def one_group(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def merged_groups(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch's parameter groups, those that share a parameter or a node merged into one:
     every parameter, every node where a gradient was captured (once each, with that
     gradient); groups where no gradient was captured are dropped. Groups that share
@@ -135,7 +135,7 @@ def one_group(groups: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Example::
 
-        one_group(groups)   # [{"params": {...}, "intermediates": [...], "grads": [...]}, ...]
+        merged_groups(groups)   # [{"params": {...}, "intermediates": [...], "grads": [...]}, ...]
     """
     parent = list(range(len(groups)))
 
@@ -175,8 +175,11 @@ def weight_half(params: Sequence[torch.Tensor], half: WeightHalf) -> None:
     """
     from torch.distributed.pipelining._backward import stage_backward_weight
 
-    if half.groups:  # a later group or the outputs' backward may pass the same nodes
-        retain = bool(half.weight_roots) or len(half.groups) > 1
-        stage_backward_weight(iter(params), half.groups, retain_graph=retain)  # type: ignore[arg-type]
+    last = len(half.groups) - 1
+    for k, group in enumerate(half.groups):
+        # Groups share no node; the outputs' backward below may pass the same weight-side
+        # nodes. Each group's graph is freed as it goes (memory), the last's unless needed.
+        retain = bool(half.weight_roots) or k < last
+        stage_backward_weight(iter(params), [group], retain_graph=retain)  # type: ignore[arg-type]
     if half.weight_roots:
         torch.autograd.backward(half.weight_roots, half.weight_grads)

@@ -157,11 +157,13 @@ def with_message_overheads(
     times: ComputeTimes, topology: Topology | None, stages: Sequence[StageSpec], cut: list[int]
 ) -> ComputeTimes:
     """``times`` with each device's ``message_overhead_ms`` (its topology entry) added once
-    per message its action sends to or receives from another device: ``F`` receives the
-    stage's input and sends its output, ``B`` and ``I`` receive the output's gradient and
-    send the input's (``W`` neither). A neighbouring stage on the same device exchanges
-    nothing (one process). Unchanged without a topology or where every overhead is 0 (the
-    bundled GPU topologies).
+    per message its action sends to or receives from another stage's device: ``F`` receives
+    the stage's input and sends its output, ``B`` and ``I`` receive the output's gradient
+    and send the input's (``W`` neither); a tensor-parallel group pays its members' largest.
+    A neighbouring stage on the same device exchanges nothing (one process). Collectives
+    (all-reduces, tensor-parallel and sharding collectives) are not charged here: their
+    CPU side is in the topology's ``allreduce_efficiency`` and the collectives' times.
+    Unchanged without a topology or where every overhead is 0 (the GPU topologies).
 
     Example::
 
@@ -172,7 +174,9 @@ def with_message_overheads(
     last = len(stages) - 1
     out = dict(times)
     for (si, dev), (f, b, i, w) in times.items():
-        cost = topology.device(dev).message_overhead_ms
+        # A tensor-parallel group (keyed by its leader) is as slow as its slowest member.
+        group = next((g for g in stages[si].replica_groups if g[0] == dev), (dev,))
+        cost = max(topology.device(d).message_overhead_ms for d in group)
         if not cost:
             continue
         before = si > 0 and cut[si] > 0 and dev not in stages[si - 1].devices

@@ -181,6 +181,7 @@ class HostDevices:
     name: _Text = "gpu"
     speed: Annotated[float, SPEED] = 1.0
     kind: _Text = ""
+    message_overhead: Annotated[float, OVERHEAD] = 0.0
 
 
 @dataclass(frozen=True)

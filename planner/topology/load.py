@@ -350,7 +350,9 @@ def _add_hosts(builder: _Builder, spec: object, defaults: dict[str, Any]) -> Non
             host = next_name(group.name)
             names = [next_name(dev.name) for _ in range(dev.count)]
             for name in names:
-                entry = DeviceEntry(name, dev.memory, dev.speed, host, dev.kind)
+                entry = DeviceEntry(
+                    name, dev.memory, dev.speed, host, dev.kind, dev.message_overhead
+                )
                 builder.add_device(entry, f"{where}.devices")
             if switch is not None:
                 sw = next_name(switch.name)
