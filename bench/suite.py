@@ -446,31 +446,88 @@ def render_section(outcome: Outcome, machine: dict[str, Any], plot_dir: Path | N
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A benchmark not run this time whose row and section stay as an earlier full run
+    wrote them (``python -m bench --only ...``)."""
+
+    row: str
+    section: str
+
+
+def kept_from(document: str, registry: Sequence[Benchmark]) -> dict[str, Kept]:
+    """The summary rows and sections of ``document``'s generated block, by benchmark name
+    (those found in both).
+
+    Example::
+
+        kept_from(Path("docs/benchmarks.md").read_text(), REGISTRY)["plan_quality"].row
+    """
+    begin, end = document.find(BEGIN), document.find(END)
+    if begin == -1 or end < begin:
+        return {}
+    block = document[begin + len(BEGIN) : end]
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in block.splitlines()
+        if line.startswith("| ") and line.count("|") >= 5
+    }
+    parts = block.split("\n### ")
+    sections = {p.split("\n", 1)[0].strip(): "### " + p.rstrip() + "\n" for p in parts[1:]}
+    out = {}
+    for b in registry:
+        if b.name in rows and b.title in sections:
+            out[b.name] = Kept(rows[b.name], sections[b.title])
+    return out
+
+
 def render_report(
-    outcomes: Sequence[Outcome], machine: dict[str, Any], *, command: str, plot_dir: Path | None
+    outcomes: Sequence[Outcome],
+    machine: dict[str, Any],
+    *,
+    command: str,
+    plot_dir: Path | None,
+    kept: dict[str, Kept] | None = None,
+    registry: Sequence[Benchmark] = (),
 ) -> str:
     """The generated report: a summary table of runs, then one section per benchmark.
+    With ``kept`` (and the ``registry`` giving the order), benchmarks not run this time
+    keep the row and section an earlier run wrote.
 
     Example::
 
         text = render_report(outcomes, machine_info(), command="python -m bench", plot_dir=None)
     """
     total = sum(o.seconds for o in outcomes)
+    ran = {o.bench.name: o for o in outcomes}
+    order = [b.name for b in registry] or list(ran)
+    kept = {n: k for n, k in (kept or {}).items() if n not in ran}
+    also = (
+        f" ({len(kept)} more kept as an earlier run wrote them, each with its own date)"
+        if kept
+        else ""
+    )
     lines = [
         "## Generated report",
         "",
         f"Produced by `{command}` on {machine['cpu']} ({machine['cores']} cores, "
         f"{machine['platform']}), torch {machine['torch']}, Python {machine['python']}; "
-        f"{len(outcomes)} benchmarks in {total:.0f} s. Regenerate with `python -m bench`; "
-        "the notes below the end marker say how to read each table.",
+        f"{len(outcomes)} benchmarks in {total:.0f} s{also}. Regenerate with "
+        "`python -m bench`; the notes below the end marker say how to read each table.",
         "",
         "| benchmark | command | status | seconds |",
         "|---|---|---|---|",
     ]
-    for o in outcomes:
-        lines.append(f"| {o.bench.name} | `{o.command}` | {o.status} | {o.seconds:.1f} |")
+    body = []
+    for name in order:
+        if name in ran:
+            o = ran[name]
+            lines.append(f"| {o.bench.name} | `{o.command}` | {o.status} | {o.seconds:.1f} |")
+            body.append(render_section(o, machine, plot_dir))
+        elif name in kept:
+            lines.append(kept[name].row)
+            body.append(kept[name].section)
     lines.append("")
-    body = [render_section(o, machine, plot_dir) for o in outcomes]
     return "\n".join(lines) + "\n" + "\n".join(body)
 
 
@@ -680,7 +737,11 @@ def main(
             plot_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(plot, plot_dir / plot.name)
         outcomes.append(outcome)
-    report = render_report(outcomes, machine, command=command, plot_dir=plot_dir)
+    # A full run of some benchmarks (--only) keeps the others' sections in the document.
+    kept = kept_from(docs.read_text(), registry) if args.only and docs.exists() else {}
+    report = render_report(
+        outcomes, machine, command=command, plot_dir=plot_dir, kept=kept, registry=registry
+    )
     if shadow and args.docs is None:
         docs.write_text("# Benchmarks\n\n" + report)
     else:

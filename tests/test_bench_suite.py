@@ -107,3 +107,26 @@ def test_full_run_with_out_changes_nothing_in_the_tree(tmp_path: Path) -> None:
     assert docs.read_text() == "# Benchmarks\n\nhand-written\n"
     assert not (tmp_path / "results").exists()
     assert "| 8 | 1.25 |" in (out / "benchmarks.md").read_text()  # full-size arguments
+
+
+def test_only_keeps_the_other_benchmarks_sections(tmp_path: Path) -> None:
+    """A full run of one benchmark (--only) rewrites its section and keeps the others' as
+    the earlier full run wrote them, in the registry's order."""
+    (tmp_path / "good.py").write_text(GOOD)
+    (tmp_path / "other.py").write_text(GOOD.replace("fake_good", "fake_other").replace("8", "9"))
+    registry = [
+        Benchmark("fake_good", str(tmp_path / "good.py"), "Good", quick_timeout_s=30),
+        Benchmark("fake_other", str(tmp_path / "other.py"), "Other", quick_timeout_s=30),
+    ]
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n")
+    assert main(["--docs", str(docs)], registry=registry, root=tmp_path) == 0
+    before = docs.read_text()
+    other = before[before.index("### Other") :]
+    (tmp_path / "good.py").write_text(GOOD.replace("1.25", "2.5"))
+    assert main(["--docs", str(docs), "--only", "fake_good"], registry=registry, root=tmp_path) == 0
+    after = docs.read_text()
+    assert "| 8 | 2.50 |" in after and "| 8 | 1.25 |" not in after  # rerun
+    assert other.split(END)[0] in after  # kept, word for word
+    assert after.index("### Good") < after.index("### Other")
+    assert "| fake_other |" in after and "1 more kept" in after
