@@ -481,7 +481,7 @@ def print_collectives(rows: list[dict[str, Any]], console: Console) -> None:
     from planner.runtime.collective_report import describe_collectives
 
     if not rows:
-        console.print("collectives: no tensor-parallel stage, none counted")
+        console.print("collectives: the plan has no tensor-parallel stage; nothing to compare")
         return
     table = Table(title="collectives per microbatch (last step, counted on every member)")
     for name in ("stage", "group", "phase", "counted", "profile lists", "same"):
