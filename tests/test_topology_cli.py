@@ -31,6 +31,21 @@ def test_show_prints_devices_and_the_bandwidth_matrix(capsys: pytest.CaptureFixt
     assert "12.5" in out and "300" in out  # Ethernet and NVSwitch bottlenecks
 
 
+def test_show_lists_message_overheads_where_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(["topology", "show", str(TOPOS / "hetero.yaml")], capsys)
+    assert code == 0 and "message overhead" not in out
+    path = tmp_path / "cpu.yaml"
+    path.write_text(
+        "devices:\n"
+        "  - {name: 'cpu{0..1}', memory: 4 GiB, kind: cpu, message_overhead: 250 us}\n"
+        "links:\n  - {between: [cpu0, cpu1], bandwidth: 3 GB/s}\n"
+    )
+    code, out, _ = _run(["topology", "show", str(path)], capsys)
+    assert code == 0 and "message overhead" in out and "250 us" in out
+
+
 def test_show_json_has_matrices(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["topology", "show", str(TOPOS / "two-node-ib.yaml"), "--json"], capsys)
     assert code == 0

@@ -36,7 +36,7 @@ from planner.outputs import Outputs
 from planner.terminal import printable
 from planner.topology import Topology, load_topology
 from planner.topology.load import topology_from_dict
-from planner.units import format_bandwidth, format_bytes, parse_bytes
+from planner.units import format_bandwidth, format_bytes, format_time_ms, parse_bytes
 
 __all__ = ["register", "topology_app"]
 
@@ -126,10 +126,18 @@ def _print_show(topo: Topology) -> None:
     if topo.allreduce_efficiency != 1.0:
         console.print(f"all-reduce at {topo.allreduce_efficiency:g} of the ring model's bandwidth")
     table = Table(title="Devices")
-    for column in ("device", "kind", "host", "memory", "speed"):
-        table.add_column(column, justify="right" if column in ("memory", "speed") else "left")
+    overheads = any(d.message_overhead_ms for d in topo.devices)
+    columns = ("device", "kind", "host", "memory", "speed") + (
+        ("message overhead",) if overheads else ()
+    )
+    for column in columns:
+        left = column in ("device", "kind", "host")
+        table.add_column(column, justify="left" if left else "right")
     for d in topo.devices:
-        table.add_row(d.name, d.kind, d.host, format_bytes(d.memory_bytes), f"{d.speed:g}")
+        cells = [d.name, d.kind, d.host, format_bytes(d.memory_bytes), f"{d.speed:g}"]
+        if overheads:
+            cells.append(format_time_ms(d.message_overhead_ms))
+        table.add_row(*cells)
     console.print(table)
     names = topo.device_names()
     if len(names) > _MATRIX_LIMIT:
