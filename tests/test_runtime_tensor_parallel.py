@@ -119,8 +119,8 @@ GROUPS = "cpu0+cpu1", "cpu2+cpu3"
             "momentum", id="gpt-tp2-pp2-dp2-sp-none-zero1",
         ),
         pytest.param(
-            LLAMA, "0-2:{0},cpu4+cpu5;3-4:{1}", "1f1b", False, ("fsdp", "none"), (), "momentum",
-            id="llama-tp2-pp2-dp2-fsdp",
+            LLAMA, "0-2:{0},cpu4+cpu5;3-4:{1},cpu6+cpu7", "1f1b", False, ("fsdp", "zero1"), (),
+            "momentum", id="llama-tp2-pp2-dp2-fsdp-zero1",
         ),
     ],
 )  # fmt: skip
