@@ -59,15 +59,36 @@ def _partition(profile: Profile, method: str, microbatch_size: int, chunks: int)
     if method == "balance_by_time":
         return bl.time_balanced_partition(profile, microbatch_size, chunks)
     if method == "equal layers":
-        if n % chunks:
+        if n % chunks == 0:
+            return bl.uniform_partition(n, chunks)
+        blocks = _megatron_blocks(profile, chunks)
+        if blocks is None:
             raise InputError(
                 f"Megatron-LM needs the {n} layers to divide into {chunks} equal stages",
                 field="num_stages",
             )
-        return bl.uniform_partition(n, chunks)
+        return blocks
     if method == "one stage":
         return [(0, n - 1)]
     raise InputError(f"unknown partition method {method!r}", field="partition")
+
+
+def _megatron_blocks(profile: Profile, chunks: int) -> Ranges | None:
+    """Megatron-LM's split where the model is an embedding, equal blocks and a head: the
+    blocks (layers ``1 .. n - 2``, all of one parameter count, which the first and last
+    layers do not have) in ``chunks`` equal runs, the embedding joining the first and the
+    head the last, as ``--num-layers`` must divide by the pipeline's stages there; None
+    where the model is not so shaped or its blocks do not divide."""
+    n = profile.num_layers
+    if n < 3 or (n - 2) % chunks:
+        return None
+    counts = [layer.param_count for layer in profile.layers]
+    inner = set(counts[1:-1])
+    if len(inner) != 1 or counts[0] in inner or counts[-1] in inner:
+        return None
+    per = (n - 2) // chunks
+    bounds = [0, *(1 + c * per for c in range(1, chunks)), n]
+    return [(bounds[c], bounds[c + 1] - 1) for c in range(chunks)]
 
 
 def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:
