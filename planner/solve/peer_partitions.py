@@ -74,20 +74,22 @@ def _partition(profile: Profile, method: str, microbatch_size: int, chunks: int)
 
 
 def _megatron_blocks(profile: Profile, chunks: int) -> Ranges | None:
-    """Megatron-LM's split where the model is an embedding, equal blocks and a head: the
-    blocks (layers ``1 .. n - 2``, all of one parameter count, which the first and last
-    layers do not have) in ``chunks`` equal runs, the embedding joining the first and the
-    head the last, as ``--num-layers`` must divide by the pipeline's stages there; None
-    where the model is not so shaped or its blocks do not divide."""
+    """Megatron-LM's split where the model is layers before, a run of equal blocks (one
+    parameter count, the middle layer's) and layers after (an embedding; a final norm and
+    a head): the blocks in ``chunks`` equal runs, the layers before joining the first and
+    those after the last, as ``--num-layers`` must divide by the pipeline's stages there;
+    None where there is no layer before or after, or the blocks do not divide."""
     n = profile.num_layers
-    if n < 3 or (n - 2) % chunks:
-        return None
     counts = [layer.param_count for layer in profile.layers]
-    inner = set(counts[1:-1])
-    if len(inner) != 1 or counts[0] in inner or counts[-1] in inner:
+    block = counts[n // 2]
+    first = counts.index(block)
+    last = n - 1 - counts[::-1].index(block)
+    if (first, last) == (0, n - 1) or any(c != block for c in counts[first : last + 1]):
         return None
-    per = (n - 2) // chunks
-    bounds = [0, *(1 + c * per for c in range(1, chunks)), n]
+    if (last - first + 1) % chunks:
+        return None
+    per = (last - first + 1) // chunks
+    bounds = [0, *(first + c * per for c in range(1, chunks)), n]
     return [(bounds[c], bounds[c + 1] - 1) for c in range(chunks)]
 
 
