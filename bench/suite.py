@@ -184,7 +184,10 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "scaling_on_paper",
         "scaling_on_paper.py",
-        "Scaling on paper: GPT-3 sizes on 64-1024 GPUs (derived, not measured)",
+        "Scaling on paper: GPT-3 and Llama-3 sizes on 64-3072 GPUs, PTD-P's Table 1 "
+        "(derived, not measured)",
+        timeout_s=1800,
+        quick_timeout_s=120,
         plots=("scaling_on_paper.svg", "scaling_on_paper_quality.svg"),
     ),
     Benchmark(
