@@ -118,8 +118,9 @@ SOLVE_LIMIT_S = 3600.0
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape: examples/gpt.py's GPT (``family`` "gpt") or a
-    Llama from a hub-style config (``family`` "llama", with ``kv_heads`` and ``ffn``)."""
+    """A decoder-only transformer's shape: examples/gpt.py's GPT (``family`` "gpt"), the
+    same with Megatron's 2021 attention ("megatron-gpt", :func:`megatron_gpt_file`) or a
+    Llama from a hub-style config ("llama", with ``kv_heads`` and ``ffn``)."""
 
     name: str
     family: str
