@@ -311,7 +311,7 @@ SCALING_MODELS: dict[str, ModelSpec] = {
     )
 }
 GPUS = [64, 128, 256, 512, 1024, 2048, 3072]
-# The default run (about ten minutes on 2 cores): each model on a few clusters, 64 to 3072
+# The default run (about 16 minutes on 2 cores): each model on a few clusters, 64 to 3072
 # GPUs in all; a 175B solve on 1024-3072 GPUs takes 4-5 minutes here, the Llama-3-70B's on
 # 1024 two. --all runs every model on every cluster of GPUS (hours).
 DEFAULT_GPUS: dict[str, tuple[int, ...]] = {
