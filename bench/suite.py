@@ -184,7 +184,10 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         "scaling_on_paper",
         "scaling_on_paper.py",
-        "Scaling on paper: GPT-3 sizes on 64-1024 GPUs (derived, not measured)",
+        "Scaling on paper: GPT-3 and Llama-3 sizes on 64-3072 GPUs, PTD-P's Table 1 "
+        "(derived, not measured)",
+        timeout_s=1800,
+        quick_timeout_s=120,
         plots=("scaling_on_paper.svg", "scaling_on_paper_quality.svg"),
     ),
     Benchmark(
@@ -417,6 +420,22 @@ def _summary_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _sub_sections(data: dict[str, Any]) -> list[str]:
+    """Each top-level object of a result that holds ``rows`` of its own (a second table,
+    e.g. scaling_on_paper's ``ptdp``): its title (the object's ``title``, else its key),
+    its scalars as bullets, then its table."""
+    lines: list[str] = []
+    for key, value in data.items():
+        if key == "rows" or not isinstance(value, dict) or not isinstance(value.get("rows"), list):
+            continue
+        lines += [f"#### {value.get('title', key)}", ""]
+        summary = _summary_lines({k: v for k, v in value.items() if k != "title"})
+        lines += [*summary, ""] if summary else []
+        table = _table(_rows(value))
+        lines += [*table, ""] if table else []
+    return lines
+
+
 def render_section(outcome: Outcome, machine: dict[str, Any], plot_dir: Path | None) -> str:
     """One benchmark's markdown: title, provenance line, notes, table, plots."""
     b = outcome.bench
@@ -440,6 +459,7 @@ def render_section(outcome: Outcome, machine: dict[str, Any], plot_dir: Path | N
         lines += [*summary, ""]
     table = _table(_rows(outcome.data))
     lines += [*table, ""] if table else []
+    lines += _sub_sections(outcome.data)
     for plot in outcome.plots:
         if plot_dir is not None:
             lines += [f"![{b.title}]({plot_dir.name}/{plot.name})", ""]

@@ -130,3 +130,27 @@ def test_only_keeps_the_other_benchmarks_sections(tmp_path: Path) -> None:
     assert other.split(END)[0] in after  # kept, word for word
     assert after.index("### Good") < after.index("### Other")
     assert "| fake_other |" in after and "1 more kept" in after
+
+
+def test_an_object_with_rows_of_its_own_is_a_second_table() -> None:
+    """A result's top-level object holding ``rows`` (scaling_on_paper's ``ptdp``) renders
+    under its title: its scalars as bullets, then its table, after the main table."""
+    from bench.suite import Outcome, render_section
+
+    data = {
+        "note": "derived",
+        "rows": [{"model": "a", "solve_s": 1.5}],
+        "ptdp": {
+            "title": "PTD-P Table 1",
+            "calibration_row": "145.6B",
+            "rows": [{"model": "1.7B", "error": 0.064}],
+        },
+    }
+    bench = Benchmark("fake", "fake.py", "Fake")
+    outcome = Outcome(bench, "python fake.py", 0, 1.0, "today", data=data)
+    machine = {"cpu": "cpu", "cores": 2, "torch": "t", "python": "p"}
+    text = render_section(outcome, machine, None)
+    main_table, sub = text.split("#### PTD-P Table 1")
+    assert "| a " in main_table and "1.7B" not in main_table
+    assert "- calibration_row: 145.6B" in sub
+    assert "| 1.7B " in sub and "title" not in sub

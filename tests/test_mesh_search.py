@@ -108,6 +108,19 @@ def test_plan_is_at_least_every_tensor_parallel_peer() -> None:
         assert tuned[name].extra.get("sharding") == "fsdp"
 
 
+def test_profiles_without_sequence_parallel_shards_solve_without_it() -> None:
+    """A profile of ``--tensor-parallel`` without ``--sequence-parallel`` has no ``tp*-sp``
+    entries: the peers that tune sequence parallelism (Megatron-LM, torchtitan) leave it
+    off instead of asking for an entry that is not there."""
+    profile = synthetic_tensor_parallel(_plain(), (2, 4), sequence_parallel=False)
+    plan = solve(profile, _topo("nvlink-pairs"), num_microbatches=8)
+    assert not any(st.sequence_parallel for st in plan.stages)
+    tuned = {b.name: b for b in plan.baselines if b.kind == "tuned peer"}
+    for name in ("Megatron-LM", "torchtitan"):
+        assert tuned[name].feasible, tuned[name].reason
+        assert "SP" not in (tuned[name].configuration or "")
+
+
 def test_profiles_without_entries_keep_the_old_peers_and_search() -> None:
     plain = _plain()
     assert peers_for(plain) == PEERS

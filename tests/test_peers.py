@@ -70,6 +70,35 @@ def test_megatron_needs_layers_that_divide_and_interleaves_chunks() -> None:
     assert [s.devices for s in c.shape.stages] == [c.shape.stages[k % 2].devices for k in range(6)]
 
 
+def test_megatron_splits_the_blocks_with_the_embedding_first_and_the_head_last() -> None:
+    """An embedding, 4 equal blocks and a head: 6 layers do not divide into 4 stages, the
+    4 blocks do (Megatron's --num-layers), the embedding on the first, the head on the last."""
+    import dataclasses
+
+    profile = random_profile(6, 2)
+    layers = [
+        dataclasses.replace(ly, param_count=100 if 0 < i < 5 else 7 + i)
+        for i, ly in enumerate(profile.layers)
+    ]
+    shaped = dataclasses.replace(profile, layers=layers)
+    parts = PeerPartitions(shaped, uniform_topology(4))
+    assert parts.partition("equal layers", 1, 4) == [(0, 1), (2, 2), (3, 3), (4, 5)]
+    assert parts.partition("equal layers", 1, 2) == [(0, 2), (3, 5)]  # 6 divide: as before
+    assert isinstance(parts.partition("equal layers", 1, 5), str)  # 4 blocks, 5 stages
+    # An embedding, 4 blocks, a final norm and a head (a Hugging Face causal LM).
+    layers = [
+        dataclasses.replace(ly, param_count=100 if 0 < i < 5 else 7 + i)
+        for i, ly in enumerate(random_profile(7, 2).layers)
+    ]
+    hf = dataclasses.replace(random_profile(7, 2), layers=layers)
+    assert PeerPartitions(hf, uniform_topology(4)).partition("equal layers", 1, 2) == [
+        (0, 2), (3, 6)
+    ]  # fmt: skip
+    # Layers all alike (no embedding or head to tell apart): the whole count must divide.
+    assert isinstance(PeerPartitions(profile, uniform_topology(4)).partition(
+        "equal layers", 1, 4), str)  # fmt: skip
+
+
 def test_pipedream_uses_its_own_stages_and_replicas() -> None:
     profile = random_profile(6, 3)
     topo = uniform_topology(4)

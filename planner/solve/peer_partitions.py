@@ -59,15 +59,38 @@ def _partition(profile: Profile, method: str, microbatch_size: int, chunks: int)
     if method == "balance_by_time":
         return bl.time_balanced_partition(profile, microbatch_size, chunks)
     if method == "equal layers":
-        if n % chunks:
+        if n % chunks == 0:
+            return bl.uniform_partition(n, chunks)
+        blocks = _megatron_blocks(profile, chunks)
+        if blocks is None:
             raise InputError(
                 f"Megatron-LM needs the {n} layers to divide into {chunks} equal stages",
                 field="num_stages",
             )
-        return bl.uniform_partition(n, chunks)
+        return blocks
     if method == "one stage":
         return [(0, n - 1)]
     raise InputError(f"unknown partition method {method!r}", field="partition")
+
+
+def _megatron_blocks(profile: Profile, chunks: int) -> Ranges | None:
+    """Megatron-LM's split where the model is layers before, a run of equal blocks (one
+    parameter count, the middle layer's) and layers after (an embedding; a final norm and
+    a head): the blocks in ``chunks`` equal runs, the layers before joining the first and
+    those after the last, as ``--num-layers`` must divide by the pipeline's stages there;
+    None where there is no layer before or after, or the blocks do not divide."""
+    n = profile.num_layers
+    counts = [layer.param_count for layer in profile.layers]
+    block = counts[n // 2]
+    first = counts.index(block)
+    last = n - 1 - counts[::-1].index(block)
+    if (first, last) == (0, n - 1) or any(c != block for c in counts[first : last + 1]):
+        return None
+    if (last - first + 1) % chunks:
+        return None
+    per = (last - first + 1) // chunks
+    bounds = [0, *(first + c * per for c in range(1, chunks)), n]
+    return [(bounds[c], bounds[c + 1] - 1) for c in range(chunks)]
 
 
 def pipedream_levels(topology: Topology) -> list[tuple[int, float]]:

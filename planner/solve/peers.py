@@ -214,7 +214,7 @@ class Peer:
                     continue
                 where = family(sched).place(groups, v)
                 shardings = self.shardings if dp > 1 and family(sched).flush else ("none",)
-                for sp in self.sequence_parallel if t > 1 else (False,):
+                for sp in _sequence_settings(parts, self.sequence_parallel, t):
                     for sharding in shardings:
                         placed = tuple(
                             StageSpec(
@@ -323,6 +323,18 @@ def _node_degrees(parts: PeerPartitions) -> list[int]:
     per_host = min(MAX_NODE_TP, *(len(devs) for devs in topo.hosts().values()))
     n = len(topo.devices)
     return [1, *(t for t in sorted(info.degrees) if t <= per_host and n % t == 0)]
+
+
+def _sequence_settings(
+    parts: PeerPartitions, wanted: tuple[bool, ...], degree: int
+) -> tuple[bool, ...]:
+    """The peer's sequence-parallel settings that the profile can time at ``degree``:
+    none but False without tensor parallelism, or where the profile holds no
+    sequence-parallel shards (profiled without ``--sequence-parallel``)."""
+    info = parts.profile.tensor_parallel
+    if degree == 1 or info is None or not info.sequence_parallel:
+        return (False,)
+    return wanted
 
 
 def _has_parameters(parts: PeerPartitions, layers: tuple[int, int]) -> bool:
