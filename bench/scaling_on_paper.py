@@ -454,7 +454,8 @@ PTDP_ROWS: tuple[PtdpRow, ...] = (
 )
 CALIBRATION_ROW = "145.6B"
 # The rows pipeplan solves by default (each solve seconds here); --all solves every row (the
-# 18.4B's takes two minutes here, the larger clusters' more: thousands of microbatches).
+# 18.4B's takes two minutes here, the 39.1B's ten; the 76.1B's grew past this 23 GB VM's
+# memory and was killed: thousands of microbatches on a thousand GPUs).
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B")
 TOLERANCE = 0.10  # the issue's bound on |simulated / published - 1|
 
