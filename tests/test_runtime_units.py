@@ -263,25 +263,25 @@ def test_counted_collectives_are_put_beside_the_profiles() -> None:
     plan, profile = _grouped_plan(recompute=(1,))
     counted = _counted(plan, profile)
     rows = collective_summary(counted, plan, profile)
-    assert [(r["stage"], r["group"], r["phase"]) for r in rows] == [
+    assert [(r.stage, r.group, r.phase) for r in rows] == [
         (0, "a+b", "forward"), (0, "a+b", "backward"), (1, "c+d", "forward"), (1, "c+d", "backward")
     ]  # fmt: skip
-    assert all(r["match"] and r["uniform"] for r in rows)
-    assert describe_collectives(rows[0]["counted"]) == "4 x all_reduce 100 B"
+    assert all(r.match and r.uniform for r in rows)
+    assert describe_collectives(rows[0].counted) == "4 x all_reduce 100 B"
     # Stage 1 recomputes: its backward runs the forward's collectives again.
-    assert describe_collectives(rows[3]["listed"]) == "8 x all_reduce 100 B"
+    assert describe_collectives(rows[3].listed) == "8 x all_reduce 100 B"
     # One member's microbatch missing one collective: not uniform, not the profile's.
     dropped = [
         c for c in counted if (c.device, c.stage, c.microbatch, c.phase) == ("b", 0, 2, "forward")
     ]
     rows = collective_summary([c for c in counted if c is not dropped[0]], plan, profile)
-    assert not rows[0]["uniform"] and rows[0]["match"] is False and rows[1]["match"]
+    assert not rows[0].uniform and rows[0].match is False and rows[1].match
     # Nothing counted for a stage (no collective ran) is a mismatch too, not a pass.
     rows = collective_summary([c for c in counted if c.stage == 0], plan, profile)
-    assert rows[2]["counted"] == [] and rows[2]["match"] is False
+    assert rows[2].counted == [] and rows[2].match is False
     # Without the profile: only whether every member and microbatch issued the same.
     rows = collective_summary(counted, plan, None)
-    assert rows[0]["listed"] is None and rows[0]["match"] is None and rows[0]["uniform"]
+    assert rows[0].listed is None and rows[0].match is None and rows[0].uniform
 
 
 def test_run_count_collectives_reaches_run_plan_and_the_report(

@@ -12,14 +12,15 @@ collectives again in its backward. Counts are compared as multisets of (operatio
 Example::
 
     rows = collective_summary(report.collectives, plan, profile)
-    rows[0]   # {'stage': 0, 'group': 'cpu0+cpu1', 'phase': 'forward', 'counted': [...],
-              #  'listed': [...], 'uniform': True, 'match': True}
+    rows[0]   # CollectiveRow(stage=0, group='cpu0+cpu1', phase='forward', counted=[...],
+              #               listed=[...], uniform=True, match=True)
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from planner.plan import Plan
@@ -28,14 +29,48 @@ from planner.profile.sharding import shard_key
 from planner.runtime.measured import CountedCollective
 from planner.units import format_bytes
 
-__all__ = ["collective_summary", "describe_collectives"]
+__all__ = ["CollectiveCount", "CollectiveRow", "collective_summary", "describe_collectives"]
 
 PHASES = ("forward", "backward")
 
 
+@dataclass(frozen=True)
+class CollectiveCount:
+    """One operation of one size, and how many times one microbatch issued it."""
+
+    op: str
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    """One tensor-parallel stage and phase: what one microbatch issued on one member
+    (``counted``), what the profile lists (``listed``, None without the profile), whether
+    every member and microbatch issued the same (``uniform``) and the profile's
+    (``match``, None without the profile)."""
+
+    stage: int
+    group: str
+    phase: str
+    counted: list[CollectiveCount]
+    listed: list[CollectiveCount] | None
+    uniform: bool
+    match: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``run --json`` prints it.
+
+        Example::
+
+            json.dumps([row.to_dict() for row in rows])
+        """
+        return asdict(self)
+
+
 def collective_summary(
     counted: Sequence[CountedCollective], plan: Plan, profile: Profile | None
-) -> list[dict[str, Any]]:
+) -> list[CollectiveRow]:
     """One row per tensor-parallel stage and phase (module docstring); ``listed`` and
     ``match`` are None without the profile.
 
@@ -46,7 +81,7 @@ def collective_summary(
     issued: dict[tuple[int, str, int, str], list[tuple[str, int]]] = {}
     for c in counted:
         issued.setdefault((c.stage, c.device, c.microbatch, c.phase), []).append((c.op, c.bytes))
-    rows: list[dict[str, Any]] = []
+    rows: list[CollectiveRow] = []
     for stage in plan.stages:
         if stage.tensor_parallel == 1:
             continue
@@ -59,31 +94,31 @@ def collective_summary(
             first = runs[0] if runs else Counter()
             want = None if listed is None else Counter(listed[phase])
             rows.append(
-                {
-                    "stage": stage.id,
-                    "group": "+".join(stage.replica_groups[0]),
-                    "phase": phase,
-                    "counted": _as_list(first),
-                    "listed": None if want is None else _as_list(want),
-                    "uniform": all(r == first for r in runs),
-                    "match": None if want is None else all(r == want for r in runs),
-                }
+                CollectiveRow(
+                    stage=stage.id,
+                    group="+".join(stage.replica_groups[0]),
+                    phase=phase,
+                    counted=_as_list(first),
+                    listed=None if want is None else _as_list(want),
+                    uniform=all(r == first for r in runs),
+                    match=None if want is None else all(r == want for r in runs),
+                )
             )
     return rows
 
 
-def describe_collectives(entries: Sequence[dict[str, Any]] | None) -> str:
-    """``[{op, bytes, count}]`` as one line: ``2 x all_gather 256 KiB, ...``; ``-`` for None.
+def describe_collectives(entries: Sequence[CollectiveCount] | None) -> str:
+    """Counted operations as one line: ``2 x all_gather 256 KiB, ...``; ``-`` for None.
 
     Example::
 
-        describe_collectives([{"op": "all_reduce", "bytes": 4096, "count": 2}])
+        describe_collectives([CollectiveCount("all_reduce", 4096, 2)])   # '2 x all_reduce 4 KiB'
     """
     if entries is None:
         return "-"
     if not entries:
         return "none"
-    return ", ".join(f"{e['count']} x {e['op']} {format_bytes(e['bytes'])}" for e in entries)
+    return ", ".join(f"{e.count} x {e.op} {format_bytes(e.bytes)}" for e in entries)
 
 
 def _listed(stage: Any, plan: Plan, profile: Profile | None) -> dict[str, list[Any]] | None:
@@ -116,5 +151,5 @@ def _actions(stage: Any, plan: Plan, phase: str) -> int:
     )
 
 
-def _as_list(ops: Counter[tuple[str, int]]) -> list[dict[str, Any]]:
-    return [{"op": op, "bytes": size, "count": n} for (op, size), n in sorted(ops.items())]
+def _as_list(ops: Counter[tuple[str, int]]) -> list[CollectiveCount]:
+    return [CollectiveCount(op, size, n) for (op, size), n in sorted(ops.items())]

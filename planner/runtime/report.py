@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from planner.plan import Plan
+    from planner.runtime.collective_report import CollectiveRow
     from planner.runtime.measured import CountedCollective, RunResult
     from planner.runtime.placement import Placement
 
@@ -103,7 +104,7 @@ class RunReport:
     collectives: list[CountedCollective] = field(default_factory=list)
     # The same per tensor-parallel stage and phase beside the profile's lists
     # (planner.runtime.collective_report); None: not counted.
-    collective_rows: list[dict[str, Any]] | None = None
+    collective_rows: list[CollectiveRow] | None = None
 
     @property
     def global_batch(self) -> int:
@@ -171,7 +172,11 @@ class RunReport:
             "precision": self.precision,
             "skipped_steps": self.skipped_steps,
             "notes": self.notes,
-        } | ({} if self.collective_rows is None else {"collectives": self.collective_rows})
+        } | (
+            {}
+            if self.collective_rows is None
+            else {"collectives": [row.to_dict() for row in self.collective_rows]}
+        )
 
 
 def explain_gap(report: RunReport, profile: Any, plan: Plan) -> None:
@@ -468,7 +473,7 @@ def print_run_report(report: RunReport, console: Console) -> None:
         console.print(note if note.startswith("warning: ") else f"note: {note}")
 
 
-def print_collectives(rows: list[dict[str, Any]], console: Console) -> None:
+def print_collectives(rows: list[CollectiveRow], console: Console) -> None:
     """``run --count-collectives``: per tensor-parallel stage and phase, what one
     microbatch issued on one member in the last step beside what the profile lists.
 
@@ -487,16 +492,16 @@ def print_collectives(rows: list[dict[str, Any]], console: Console) -> None:
     for name in ("stage", "group", "phase", "counted", "profile lists", "same"):
         table.add_column(name)
     for row in rows:
-        if row["match"] is not None:
-            same = "yes" if row["match"] else "NO"
+        if row.match is not None:
+            same = "yes" if row.match else "NO"
         else:  # no profile to compare with: only whether every action issued the same
-            same = "-" if row["uniform"] else "NO: members or microbatches differ"
+            same = "-" if row.uniform else "NO: members or microbatches differ"
         table.add_row(
-            str(row["stage"]),
-            row["group"],
-            row["phase"],
-            describe_collectives(row["counted"]),
-            describe_collectives(row["listed"]),
+            str(row.stage),
+            row.group,
+            row.phase,
+            describe_collectives(row.counted),
+            describe_collectives(row.listed),
             same,
         )
     console.print(table)
