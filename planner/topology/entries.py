@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -71,22 +72,22 @@ def _bandwidth(value: Any) -> float:
     return bandwidth
 
 
-def _latency(value: Any) -> float:
-    latency = parse_time_ms(value)
-    if latency < 0:
-        raise _fail("a latency >= 0", value)
-    if latency > MAX_TIME_MS:
-        raise _fail(f"a latency of at most {format_time_ms(MAX_TIME_MS)}", value)
-    return latency
+def _time(what: str) -> Callable[[Any], float]:
+    """A check of a time field: ``what`` (``a latency``) >= 0, at most ``MAX_TIME_MS``."""
+
+    def check(value: Any) -> float:
+        ms = parse_time_ms(value)
+        if ms < 0:
+            raise _fail(f"{what} >= 0", value)
+        if ms > MAX_TIME_MS:
+            raise _fail(f"{what} of at most {format_time_ms(MAX_TIME_MS)}", value)
+        return ms
+
+    return check
 
 
-def _overhead(value: Any) -> float:
-    overhead = parse_time_ms(value)
-    if overhead < 0:
-        raise _fail("a time >= 0", value)
-    if overhead > MAX_TIME_MS:
-        raise _fail(f"a time of at most {format_time_ms(MAX_TIME_MS)}", value)
-    return overhead
+_latency = _time("a latency")
+_overhead = _time("a time")
 
 
 def _speed(value: Any) -> float:
