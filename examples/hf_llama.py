@@ -69,36 +69,8 @@ def sample_batch(batch_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor
 
 def tp_plan(sequence_parallel: bool = False) -> dict[str, object] | None:
     """None (transformers' own plan) without sequence parallelism; with it, that plan's
-    sequence-parallel form in torch's styles (see the module docstring)."""
-    if not sequence_parallel:
-        return None
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
+    sequence-parallel form in torch's styles (see the module docstring), the one
+    ``planner.profile.hub_config`` gives every Llama."""
+    from planner.profile.hub_config import llama_tp_plan
 
-    sequence, layer = Shard(1), "model.layers.*"
-    return {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence),
-        f"{layer}.input_layernorm": SequenceParallel(use_local_output=True),
-        f"{layer}.self_attn": PrepareModuleInput(
-            input_kwarg_layouts={"hidden_states": sequence},
-            desired_input_kwarg_layouts={"hidden_states": Replicate()},
-        ),
-        f"{layer}.self_attn.q_proj": ColwiseParallel(),
-        f"{layer}.self_attn.k_proj": ColwiseParallel(),
-        f"{layer}.self_attn.v_proj": ColwiseParallel(),
-        f"{layer}.self_attn.o_proj": RowwiseParallel(output_layouts=sequence),
-        f"{layer}.post_attention_layernorm": SequenceParallel(use_local_output=True),
-        f"{layer}.mlp": PrepareModuleInput(
-            input_layouts=(sequence,), desired_input_layouts=(Replicate(),)
-        ),
-        f"{layer}.mlp.gate_proj": ColwiseParallel(),
-        f"{layer}.mlp.up_proj": ColwiseParallel(),
-        f"{layer}.mlp.down_proj": RowwiseParallel(output_layouts=sequence),
-        "model.norm": SequenceParallel(use_local_output=True),
-        "lm_head": ColwiseParallel(input_layouts=sequence, output_layouts=Replicate()),
-    }
+    return llama_tp_plan(sequence_parallel)
