@@ -341,6 +341,27 @@ def test_events_off_gives_the_same_numbers() -> None:
     assert b.events == [] and a.events
 
 
+def test_zb_halves_stay_as_profiled_when_the_split_costs_more_than_the_whole() -> None:
+    # torch's split backward walks the graph twice: on small layers its halves add up to
+    # more than the whole backward (1.06-1.4x on the examples). The runtime pays the sum,
+    # so the halves are not scaled down; stages that run the whole backward pay the whole.
+    import dataclasses
+
+    from planner.cost import stage_times
+
+    prof = synthetic_profile(4, forward_ms=1.0, backward_input_ms=2.0, backward_weight_ms=3.0)
+    m = prof.measurements[0]
+    layers = [dataclasses.replace(t, backward_ms=4.0) for t in m.layers]
+    prof = dataclasses.replace(prof, measurements=[dataclasses.replace(m, layers=layers)])
+    middle = stage_times(prof, 1, 2, 1)
+    assert (middle.backward_ms, middle.input_grad_ms, middle.weight_grad_ms) == (8.0, 4.0, 6.0)
+    first = stage_times(prof, 0, 1, 1)
+    assert (first.input_grad_ms, first.weight_grad_ms) == (8.0, 0.0)
+    result = simulate(prof, None, parse_stages("0-1:a;2-3:b"), "zb", 4, 1)
+    busy_b = 4 * (2 * 1.0 + 4.0 + 6.0)
+    assert result.busy_ms["b"] == pytest.approx(busy_b)
+
+
 def test_zb_times_first_and_recompute_stages_as_the_runtime_runs_them() -> None:
     # planner/runtime/stage.py runs the first stage's and a recompute stage's whole
     # backward in I (nothing left for W); a middle stage splits it.

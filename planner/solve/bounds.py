@@ -238,9 +238,11 @@ def _device_bound(
         t = sh.times
         if split_backward:
             through += sh.count * (t.forward_ms + t.input_grad_ms)
+            work = t.forward_ms + t.input_grad_ms + t.weight_grad_ms
         else:
             through += sh.count * (t.forward_ms + t.backward_ms)
-        total += sh.count * (t.forward_ms + t.backward_ms) + sh.reduce_ms + sh.step_ms
+            work = t.forward_ms + t.backward_ms
+        total += sh.count * work + sh.reduce_ms + sh.step_ms
         reduces += sh.reduce_ms
     if split_backward:
         return head + max(through + tail, total)
