@@ -268,13 +268,13 @@ def test_refusals_are_one_line(
     assert exit_.value.code == 2 and match in err and len(err.strip().splitlines()) == 1
 
 
-def test_tied_bf16_pipedream_and_bad_input_refused(tmp_path: Path) -> None:
+def test_tied_fp16_pipedream_and_bad_input_refused(tmp_path: Path) -> None:
     base = json.loads((ROOT / "profiles" / "mlp.json").read_text())
     tie = {"name": "0.linear.weight", "layers": [0, 5], "param_count": 1, "param_bytes": 4}
     tied = dict(base, tied_parameters=[tie])
     for name, data, match in [
         ("tied", tied, "tied across stages"),
-        ("bf16", dict(base, precision="bf16"), "precision bf16"),
+        ("fp16", dict(base, precision="fp16"), "precision fp16"),
     ]:
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(data))
@@ -395,6 +395,30 @@ def test_exported_schedule_trains_like_pipeplan_run(
     check_same(got, report.losses, report.parameters)
     initial = train_single_process(model, steps=0, batch_size=mbs * m).parameters
     assert all(not torch.equal(initial[n], got[n]) for n in initial)  # it trained
+
+
+def test_bf16_plan_exports_under_autocast_and_trains_like_pipeplan_run(tmp_path: Path) -> None:
+    """bf16 (autocast around each stage's forward and the loss, as pipeplan run trains),
+    with a recomputed stage: the exported script equals pipeplan run, and differs from fp32
+    training (autocast is really on)."""
+    base = json.loads((ROOT / "profiles" / "gpt.json").read_text())
+    bf16 = tmp_path / "gpt-bf16.json"
+    bf16.write_text(json.dumps(dict(base, precision="bf16")))
+    stages, model = "0-2:cpu0;3-5:cpu1", ROOT / "examples" / "gpt.py"
+    plan = make_plan(tmp_path, "gpt", stages, "1f1b", 4, 1, recompute=(0,), profile=bf16)
+    result = export_plan(plan, "torch", tmp_path / "out", model=model)
+    assert json.loads((result.out_dir / "pipeline.json").read_text())["precision"] == "bf16"
+    got = run_exported(result.out_dir, result.world_size, 2)
+    report = run_plan(
+        plan, model, steps=2, warmup=0, timeout_s=60, threads=1, optimizer="momentum",
+        lr=0.05, return_params=True,
+    )  # fmt: skip
+    assert report.parameters is not None
+    check_same(got, report.losses, report.parameters)
+    fp32 = train_single_process(model, steps=2, batch_size=4, optimizer="momentum", lr=0.05)
+    assert got["__losses__"].tolist() != pytest.approx(fp32.losses, rel=1e-5, abs=1e-7)
+    with pytest.raises(InputError, match="torchtitan's mixed precision"):
+        export_plan(plan, "torchtitan", tmp_path / "titan")
 
 
 def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ runtime would not train exactly as ``pipeplan run`` does:
   backward (gpipe, 1f1b, interleaved) a recomputed stage exports as its module under
   non-reentrant activation checkpointing, as ``pipeplan run`` recomputes it;
 * parameters tied across stages (torch keeps one copy per stage and never syncs them);
-* a precision other than fp32 (pipeplan runs each stage's forward under autocast);
+* precision fp16 (pipeplan run's loss scaling is agreed over all stages); bf16 exports as
+  autocast around each stage's forward and the loss, as ``pipeplan run`` trains;
 * a profile imported from PipeDream (its layers are graph nodes, not modules);
 * a stage that starts at a layer calling no module (no name to split before).
 
@@ -122,10 +123,10 @@ def _refuse_profile(plan: Plan, profile: Profile, profile_path: str, where: str)
             file=profile_path,
             field="meta.pipedream",
         )
-    if profile.precision != "fp32":
+    if profile.precision == "fp16":
         raise InputError(
-            f"precision {profile.precision} (autocast per stage, as pipeplan run trains) is "
-            "not carried by the export; export a plan profiled at fp32",
+            "precision fp16 needs pipeplan run's loss scaling agreed over all stages, which "
+            "the export does not carry; export a plan profiled at bf16 or fp32",
             file=profile_path,
             field="precision",
         )

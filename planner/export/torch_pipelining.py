@@ -11,7 +11,8 @@ Written into one folder:
 * ``pipeline.json``: the split (the module where each stage starts, for
   ``pipeline(split_spec=...)``; the modules and layers of each stage, its recompute,
   tensor_parallel, sequence_parallel and sharding), stage to rank, the device mesh
-  (:func:`mesh_config`), microbatch size and count, optimizer, and the model file;
+  (:func:`mesh_config`), microbatch size and count, optimizer, precision (fp32 or bf16:
+  autocast around each stage's forward and the loss) and the model file;
 * ``train_pipeline.py``: builds the stages and the schedule from these and trains
   (``torchrun --nproc-per-node N train_pipeline.py``), a starting point for your loop.
 
@@ -147,6 +148,7 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
         "schedule_csv": schedule_files(layout.dp_degree),
         "schedule_compute_csv": schedule_files(layout.dp_degree, "schedule_compute"),
         "optimizer": profile.optimizer,
+        "precision": profile.precision,
         "lr": None,
         "split_at": profile.settings.split_at,
         "capture": profile.settings.capture_method,

@@ -171,6 +171,14 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
             file=source.plan_path,
             field="schedule.devices",
         )
+    if source.profile.precision != "fp32":
+        raise InputError(
+            f"precision {source.profile.precision}: torchtitan's mixed precision is FSDP's "
+            "parameter dtype (mixed_precision_param), not the autocast pipeplan plans and "
+            "runs; export with --to torch, or a plan profiled at fp32",
+            file=source.profile_path,
+            field="precision",
+        )
     for stage in plan.stages:
         if stage.recompute:
             raise InputError(

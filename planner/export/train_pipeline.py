@@ -22,11 +22,16 @@ member ``i`` of the next. Over ``mesh["dp"]`` each stage's gradients are summed
 (``sharding: none``), summed and stepped by one owner per parameter that broadcasts it
 (``zero1``: ZeRO-1, each replica holds the optimizer state of its parameters only), or
 reduce-scattered by torch's FSDP2 ``fully_shard`` (``fsdp``).
+
+``precision`` bf16 (the profile's): every stage's forward and the loss run under
+``torch.autocast(dtype=torch.bfloat16)`` as in ``pipeplan run``; weights, gradients and
+the optimizer stay fp32 (no loss scaling is needed; fp16 plans are not exported).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -99,6 +104,30 @@ def on_device(value: Any, device: torch.device) -> Any:
     return type(value)(on_device(v, device) for v in value)
 
 
+def mixed_precision(cfg: dict[str, Any], device_type: str) -> Any:
+    """``torch.autocast`` at the plan's precision (bf16), as ``pipeplan run`` trains; a
+    context that does nothing at fp32."""
+    if cfg["precision"] == "fp32":
+        return contextlib.nullcontext()
+    assert cfg["precision"] == "bf16", f"precision {cfg['precision']} is not exported"
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+
+
+class Autocast(nn.Module):
+    """A stage's forward under the plan's autocast (outside its activation checkpoint,
+    whose recompute restores the autocast state, as in ``pipeplan run``)."""
+
+    def __init__(self, inner: nn.Module, cfg: dict[str, Any], device_type: str):
+        super().__init__()
+        self.inner = inner
+        self.cfg = cfg
+        self.device_type = device_type
+
+    def forward(self, *args: Any) -> Any:
+        with mixed_precision(self.cfg, self.device_type):
+            return self.inner(*args)
+
+
 class Recompute(nn.Module):
     """A stage the plan recomputes: its forward under non-reentrant activation
     checkpointing, so only its inputs stay alive until its backward recomputes the rest."""
@@ -167,10 +196,13 @@ class ContiguousInputGrads(nn.Module):
         return self.inner(*(contiguous_grad(a) for a in args))
 
 
-def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any]) -> nn.Module:
-    """What a PipelineStage runs for ``stage``: recomputed where the plan says, its input
-    gradients contiguous, and the last stage's Hugging Face output reduced to its logits."""
+def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any], device_type: str) -> nn.Module:
+    """What a PipelineStage runs for ``stage``: recomputed where the plan says, under the
+    plan's autocast, its input gradients contiguous, and the last stage's Hugging Face
+    output reduced to its logits."""
     module = recomputed(module, cfg["stages"][stage]["recompute"])
+    if cfg["precision"] != "fp32":
+        module = Autocast(module, cfg, device_type)
     if stage > 0:
         module = ContiguousInputGrads(module)
     return Logits(module) if stage == len(cfg["stages"]) - 1 else module
@@ -255,13 +287,18 @@ def build_stages(
         built = [pipe.build_stage(s, device, group) for s in local]
         for stage, s in zip(built, local, strict=True):  # torch's split returns tensors
             stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
+            if cfg["precision"] != "fp32":
+                stage.submod = Autocast(stage.submod, cfg, device.type)
         return built, [pipe.get_stage_module(s) for s in local], None
     cut = split_model(args, cfg, model, sample, mesh)
     # Before fully_shard: the earlier stages run whole here (an interleaved rank's own too).
-    example = {s: tuple(v.to(device) for v in cut.example_inputs(s)) for s in local}
+    with mixed_precision(cfg, device.type):  # what the stages will receive, dtypes and all
+        example = {s: tuple(v.to(device) for v in cut.example_inputs(s)) for s in local}
     stages = [
         PipelineStage(
-            data_parallel(stage_module(cut.modules[s].to(device), s, cfg), s, cfg, mesh),
+            data_parallel(
+                stage_module(cut.modules[s].to(device), s, cfg, device.type), s, cfg, mesh
+            ),
             s,
             num_stages,
             device,
@@ -427,7 +464,9 @@ def main() -> None:
 
     def loss_fn(outputs: Any, targets: Any) -> torch.Tensor:
         # Mean over all microbatches of all replicas: scale here, not in torch (scale_grads).
-        return user_loss(outputs, targets) / m
+        with mixed_precision(cfg, device.type):
+            loss = user_loss(outputs, targets)
+        return loss / m
 
     schedule = _PipelineScheduleRuntime(stages, m_local, loss_fn=loss_fn, scale_grads=False)
     if args.csv == "comms":
