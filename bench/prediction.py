@@ -94,13 +94,15 @@ def available_models(names: list[str]) -> tuple[list[str], list[dict[str, Any]]]
     return keep, skipped
 
 
-def profile_example(name: str, tmp: Path, colocate: int) -> Path:
-    """A fresh profile of the example, as ``pipeplan profile --colocate`` writes it."""
+def profile_example(name: str, tmp: Path, colocate: int, timing: str | None = None) -> Path:
+    """A fresh profile of the example, as ``pipeplan profile --colocate [--timing]`` writes
+    it (``timing`` None: the device's default)."""
     from planner.profile.measure import profile_model
 
     out = tmp / f"{name}.json"
     sizes = SIZES.get(name, [1, 2, 4])
-    profile_model(ROOT / "examples" / f"{name}.py", sizes, colocate=colocate).save(out)
+    path = ROOT / "examples" / f"{name}.py"
+    profile_model(path, sizes, colocate=colocate, timing=timing).save(out)
     return out
 
 
@@ -128,7 +130,9 @@ def _best_pipeline(profile: Any, topo: Any, schedule: str, mbs: int) -> tuple[An
     return best
 
 
-def make_plans(name: str, tmp: Path, colocate: int) -> list[tuple[str, Path]]:
+def make_plans(
+    name: str, tmp: Path, colocate: int, timing: str | None = None
+) -> list[tuple[str, Path]]:
     """The example's plans (``solved`` and one per schedule), saved with their bands."""
     from planner.plan import FileRef, plan_from_simulation
     from planner.profile.schema import load_profile
@@ -136,7 +140,7 @@ def make_plans(name: str, tmp: Path, colocate: int) -> list[tuple[str, Path]]:
     from planner.solve import solve
     from planner.topology import load_topology
 
-    profile_path = profile_example(name, tmp, colocate)
+    profile_path = profile_example(name, tmp, colocate, timing)
     topo_path = tmp / "cpu2.yaml"
     topo_path.write_text(CPU2)
     profile, topo = load_profile(profile_path), load_topology(topo_path)
@@ -254,6 +258,7 @@ def main() -> None:
     ap.add_argument("--demo-runs", type=int, default=DEMO_RUNS)
     ap.add_argument("--no-demo", action="store_true", help="leave out the demo x5 row")
     ap.add_argument("--alone", action="store_true", help="profile by one process alone")
+    ap.add_argument("--timing", default=None, help="profile --timing (default: the CPU's, layer)")
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
     ap.add_argument("--quick", action="store_true", help="mlp: solved and 1f1b, 1 round, 1 demo")
     args = ap.parse_args()
@@ -266,7 +271,7 @@ def main() -> None:
         plans = [
             (name, kind, path)
             for name in models
-            for kind, path in make_plans(name, Path(tmp), colocate)
+            for kind, path in make_plans(name, Path(tmp), colocate, args.timing)
             if not args.quick or kind in ("solved", "1f1b")
         ]
         runs: list[list[dict[str, float]]] = [[] for _ in plans]
@@ -299,8 +304,9 @@ def main() -> None:
         "benchmark": "prediction",
         "note": (
             f"Profiles {'by one process alone' if args.alone else 'co-located (2 processes)'}"
-            f", 2 CPU processes x 1 thread, {MICROBATCHES} microbatches, {args.steps} steps "
-            f"after 2 warm-up, {args.rounds} rounds; ratio = median measured / predicted."
+            f" (--timing {args.timing or 'layer'}), 2 CPU processes x 1 thread, "
+            f"{MICROBATCHES} microbatches, {args.steps} steps after 2 warm-up, "
+            f"{args.rounds} rounds; ratio = median measured / predicted."
         ),
         "device": "cpu",
         "device_name": platform.processor() or platform.machine(),
