@@ -61,9 +61,9 @@ pipeplan's own solve of a row's model, cluster and global batch (``-b 1,2`` and 
 microbatch size, ``--tensor-parallel 2,4,8``) against Megatron's configuration in the same
 simulator (``vs_megatron``: Megatron's time over pipeplan's): the 1.7B-18.4B rows by
 default, every row with ``--all``. Also in the model, not in Megatron: a logit layer
-untied from the embedding (the same FLOPs, one all-reduce less); recompute of a whole
-stage, whose rebuilt activations count in memory at once (Megatron rebuilds one layer at a
-time), so ``megatron_fits`` is pipeplan's memory model, not Megatron's.
+untied from the embedding (the same FLOPs, one all-reduce less). Recompute is Megatron's
+(each layer under its own checkpoint: ``recompute_layers``), so ``megatron_fits`` is
+whether its configuration fits in pipeplan's memory model of it.
 
 Run::
 
@@ -282,6 +282,9 @@ def describe_plan(plan: Plan) -> str:
     recomputed = sum(st.recompute for st in stages)
     if recomputed:
         text += f", recompute {recomputed}/{len(stages)}"
+        layered = sum(st.recompute_layers for st in stages)
+        if layered:
+            text += " per layer" if layered == recomputed else f" ({layered} per layer)"
     return text
 
 
@@ -472,7 +475,8 @@ def megatron_shape(row: PtdpRow, topo: Topology) -> PlanShape:
     ``layers / (pp * v)`` transformer layers (the embedding joins the first, the logit
     layer the last), each on ``dp`` tensor-parallel groups of ``tp`` consecutive GPUs;
     stage ``k``'s groups are GPUs ``k * dp * tp ..`` (TP innermost, then DP, PP
-    outermost); recompute everywhere; ``batch / microbatch`` microbatches."""
+    outermost); recompute everywhere, a checkpoint per layer; ``batch / microbatch``
+    microbatches."""
     names = topo.device_names()
     width = row.data_parallel * row.tp
     groups = [tuple(names[k * width : (k + 1) * width]) for k in range(row.pp)]
@@ -484,7 +488,16 @@ def megatron_shape(row: PtdpRow, topo: Topology) -> PlanShape:
     for c in range(chunks):
         first = 0 if c == 0 else 1 + c * per  # layer 0: the embedding
         last = row.layers + 1 if c == chunks - 1 else (c + 1) * per  # layers + 1: the head
-        stages.append(StageSpec(c, (first, last), where[c], recompute=True, tensor_parallel=row.tp))
+        stages.append(
+            StageSpec(
+                c,
+                (first, last),
+                where[c],
+                recompute=True,
+                tensor_parallel=row.tp,
+                recompute_layers=True,  # --recompute-method uniform, one layer per checkpoint
+            )
+        )
     return PlanShape(tuple(stages), row.schedule, row.microbatch, row.batch // row.microbatch, v)
 
 

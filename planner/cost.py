@@ -11,7 +11,9 @@ Memory of one device of a stage (plain data parallelism: every replica holds a f
     versions    = (weight_versions - 1) * weights                    (2bw keeps two)
     activations = in_flight * stage_activation_bytes + workspace
     recompute   : in_flight * stage input + one microbatch's full activations, rebuilt
-                  during its backward
+                  during its backward (the whole stage under one checkpoint), or
+                  in_flight * each layer's input + the largest layer's activations (each
+                  layer under its own: recompute_layers)
     peak        = static + versions + max(activations, step workspace)
 
 ``workspace`` is the largest transient of one layer's forward or backward beyond what is
@@ -49,6 +51,7 @@ __all__ = [
     "StageTimes",
     "boundary_bytes",
     "stage_activation_bytes",
+    "stage_rebuilt_bytes",
     "stage_compute_ms",
     "stage_input_bytes",
     "stage_memory_bytes",
@@ -261,12 +264,19 @@ def stage_input_bytes(profile: Profile, first: int, microbatch_size: int) -> int
 
 
 def stage_activation_bytes(
-    profile: Profile, first: int, last: int, microbatch_size: int, *, recompute: bool = False
+    profile: Profile,
+    first: int,
+    last: int,
+    microbatch_size: int,
+    *,
+    recompute: bool = False,
+    each_layer: bool = False,
 ) -> int:
     """Activation memory one in-flight microbatch keeps on the stage until its backward.
 
     Without recompute that is the layers' ``saved_bytes``; with recompute only the stage's
-    input is stashed (the rest is rebuilt by re-running the forward).
+    input is stashed (the rest is rebuilt by re-running the forward), or with
+    ``each_layer`` (every layer under its own checkpoint) every layer's input.
 
     Example::
 
@@ -274,9 +284,28 @@ def stage_activation_bytes(
     """
     _check_range(profile, first, last)
     if recompute:
-        return stage_input_bytes(profile, first, microbatch_size)
+        stash = stage_input_bytes(profile, first, microbatch_size)
+        if each_layer:
+            stash += sum(profile.cut_bytes(microbatch_size, i) for i in range(first, last))
+        return stash
     layers = profile.measurement(microbatch_size).layers[first : last + 1]
     return sum(t.saved_bytes for t in layers)
+
+
+def stage_rebuilt_bytes(
+    profile: Profile, first: int, last: int, microbatch_size: int, *, each_layer: bool = False
+) -> int:
+    """What a recompute stage rebuilds at once in a backward: one microbatch's activations
+    of every layer (one checkpoint for the stage), or with ``each_layer`` the largest
+    layer's (each layer is rebuilt right before its own backward, then freed).
+
+    Example::
+
+        stage_rebuilt_bytes(profile, 0, 3, 4, each_layer=True)   # the largest saved_bytes
+    """
+    _check_range(profile, first, last)
+    saved = [t.saved_bytes for t in profile.measurement(microbatch_size).layers[first : last + 1]]
+    return max(saved) if each_layer else sum(saved)
 
 
 def stage_workspace_bytes(profile: Profile, first: int, last: int, microbatch_size: int) -> int:
@@ -313,11 +342,13 @@ def stage_memory_bytes(
     *,
     recompute: bool = False,
     weight_versions: int = 1,
+    recompute_layers: bool = False,
 ) -> int:
     """Peak memory of one device of the stage with ``in_flight`` microbatches stashed.
 
     ``weight_versions`` > 1 adds extra copies of the weights (2 for PipeDream-2BW). With
-    recompute, one microbatch's full activations exist while its backward runs. The
+    recompute, one microbatch's full activations exist while its backward runs (with
+    ``recompute_layers``, the largest layer's: :func:`stage_rebuilt_bytes`). The
     optimizer step's temporaries count where they exceed the activations (after a flush),
     or on top of them (``weight_versions`` > 1: no flush).
 
@@ -333,10 +364,12 @@ def stage_memory_bytes(
     total = stage_static_bytes(profile, first, last)
     total += (weight_versions - 1) * stage_param_bytes(profile, first, last)
     held = in_flight * stage_activation_bytes(
-        profile, first, last, microbatch_size, recompute=recompute
+        profile, first, last, microbatch_size, recompute=recompute, each_layer=recompute_layers
     )
     if recompute and in_flight > 0:
-        held += stage_activation_bytes(profile, first, last, microbatch_size)
+        held += stage_rebuilt_bytes(
+            profile, first, last, microbatch_size, each_layer=recompute_layers
+        )
     workspace = stage_workspace_bytes(profile, first, last, microbatch_size)
     step = stage_step_workspace_bytes(profile, first, last)
     if weight_versions > 1:

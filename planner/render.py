@@ -100,6 +100,13 @@ def _all_devices(result: SimResult) -> list[str]:
     return [m for d in result.device_names for m in result.groups.get(d, (d,))]
 
 
+def _recompute_cell(st: StageSpec) -> str:
+    """The recompute column: "yes" (one checkpoint for the stage), "each layer", or ""."""
+    if not st.recompute:
+        return ""
+    return "each layer" if st.recompute_layers else "yes"
+
+
 def _stage_cells(st: StageSpec) -> tuple[str, str]:
     """A stage's devices (replicas by ',', a tensor-parallel group's devices by '+') and its
     parallelism beyond that (``TP2, SP, zero1``; empty for a plain stage)."""
@@ -146,7 +153,7 @@ def print_report(
             a, b = st.layers
             devices, extra = _stage_cells(st)
             row = [str(st.id), f"{a}-{b}" if a != b else str(a), devices]
-            row.append("yes" if st.recompute else "")
+            row.append(_recompute_cell(st))
             table.add_row(*row, *((extra,) if parallel else ()))
         console.print(table)
     dev = Table(title="Devices")
@@ -494,7 +501,7 @@ def render_html(
     parallel = not all(s.is_plain for s in stages or [])
     stage_rows = "".join(
         f"<tr><td>{s.id}</td><td>{s.layers[0]}-{s.layers[1]}</td>"
-        f"<td>{escape(_stage_cells(s)[0])}</td><td>{'yes' if s.recompute else ''}</td>"
+        f"<td>{escape(_stage_cells(s)[0])}</td><td>{_recompute_cell(s)}</td>"
         + (f"<td>{escape(_stage_cells(s)[1])}</td>" if parallel else "")
         + "</tr>"
         for s in stages or []

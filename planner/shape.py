@@ -54,14 +54,18 @@ class PlanShape:
         """Devices over all stages (a device holding several chunks counts each time)."""
         return sum(len(s.devices) for s in self.stages)
 
-    def with_recompute(self, flags: Sequence[bool]) -> PlanShape:
-        """This shape with its stages' recompute flags replaced by ``flags``.
+    def with_recompute(self, flags: Sequence[bool], *, layers: bool = False) -> PlanShape:
+        """This shape with its stages' recompute flags replaced by ``flags`` (each layer
+        checkpointed on its own where ``layers``: :attr:`StageSpec.recompute_layers`).
 
         Example::
 
             shape.with_recompute([True, False]).stages[0].recompute   # True
         """
-        stages = tuple(s.with_recompute(bool(f)) for s, f in zip(self.stages, flags, strict=True))
+        stages = tuple(
+            s.with_recompute(bool(f), layers=layers)
+            for s, f in zip(self.stages, flags, strict=True)
+        )
         return PlanShape(
             stages, self.schedule, self.microbatch_size, self.num_microbatches, self.virtual_stages
         )

@@ -46,7 +46,16 @@ __all__ = [
 # The fields of a stage object (StageSpec.to_dict); any other is refused: a field this
 # version does not know could change what runs.
 STAGE_FIELDS = frozenset(
-    {"id", "layers", "devices", "recompute", "tensor_parallel", "sequence_parallel", "sharding"}
+    {
+        "id",
+        "layers",
+        "devices",
+        "recompute",
+        "recompute_layers",
+        "tensor_parallel",
+        "sequence_parallel",
+        "sharding",
+    }
 )
 
 SHARDINGS = ("none", "zero1", "fsdp")
@@ -66,6 +75,13 @@ class StageSpec:
     ``sequence_parallel`` and ``sharding`` as the module says; :func:`validate_stages`
     checks them. ``devices`` and ``layers`` given as lists are kept as tuples.
 
+    ``recompute`` rebuilds the stage's activations in its backward; ``recompute_layers``
+    says how: each layer under its own activation checkpoint (only the layers' inputs are
+    kept, one layer is rebuilt at a time: Megatron-LM's full recompute, torchtitan's
+    per-block checkpointing) rather than the whole stage under one (only the stage's input
+    is kept, all of it rebuilt at once: torchgpipe's). The solver takes whichever peaks
+    lower (:func:`planner.solve.memory.recompute_unit`).
+
     Example::
 
         StageSpec(0, (0, 3), ("gpu0", "gpu1")).replica(3)              # 'gpu1'
@@ -80,6 +96,7 @@ class StageSpec:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     sharding: str = "none"
+    recompute_layers: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.devices, tuple):
@@ -132,13 +149,23 @@ class StageSpec:
             return self.devices[microbatch % len(self.devices)]
         return self.devices[(microbatch % (len(self.devices) // tp)) * tp]
 
-    def with_recompute(self, recompute: bool) -> StageSpec:
-        """This stage with ``recompute`` set (itself where it already is)."""
-        return self if self.recompute == recompute else replace(self, recompute=recompute)
+    def with_recompute(self, recompute: bool, *, layers: bool = False) -> StageSpec:
+        """This stage with ``recompute`` set, each layer checkpointed where ``layers``
+        (itself where it already is).
+
+        Example::
+
+            StageSpec(0, (0, 3), ("a",)).with_recompute(True, layers=True).recompute_layers
+        """
+        layers = recompute and layers
+        if self.recompute == recompute and self.recompute_layers == layers:
+            return self
+        return replace(self, recompute=recompute, recompute_layers=layers)
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan JSON's stage object; ``tensor_parallel``, ``sequence_parallel`` and
-        ``sharding`` only where they are not the defaults (1, false, "none"), so plans
+        """The plan JSON's stage object; ``recompute_layers``, ``tensor_parallel``,
+        ``sequence_parallel`` and ``sharding`` only where they are not the defaults (false,
+        1, false, "none"), so plans
         without them read and write back byte for byte."""
         out: dict[str, Any] = {
             "id": self.id,
@@ -146,6 +173,8 @@ class StageSpec:
             "devices": list(self.devices),
             "recompute": self.recompute,
         }
+        if self.recompute_layers:
+            out["recompute_layers"] = True
         if self.tensor_parallel != 1:
             out["tensor_parallel"] = self.tensor_parallel
         if self.sequence_parallel:
@@ -237,6 +266,7 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
                 field=f"{where}.id",
             )
         recompute = _boolean(item, "recompute", source, where)
+        recompute_layers = _boolean(item, "recompute_layers", source, where)
         tp = item.get("tensor_parallel", 1)
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or len(devices) % tp:
             raise InputError(
@@ -260,6 +290,7 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
             tensor_parallel=tp,
             sequence_parallel=sp,
             sharding=sharding,
+            recompute_layers=recompute_layers,
         )
         _check_options(stage, source, where)
         stages.append(stage)
@@ -268,7 +299,15 @@ def stages_from_data(raw: Any, *, source: str = "<stages>") -> list[StageSpec]:
 
 def _check_options(stage: StageSpec, source: str | None, where: str) -> None:
     """Sequence parallelism only in groups of two or more; sharding only over two or more
-    replicas (one line naming the field)."""
+    replicas; per-layer checkpoints only where the stage recomputes (one line naming the
+    field)."""
+    if stage.recompute_layers and not stage.recompute:
+        raise InputError(
+            "recompute_layers says how a recomputed stage checkpoints; expected recompute: "
+            "true beside it",
+            file=source,
+            field=f"{where}.recompute_layers",
+        )
     if stage.sequence_parallel and stage.tensor_parallel == 1:
         raise InputError(
             "sequence parallelism splits the sequence across a tensor-parallel group; "

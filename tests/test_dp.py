@@ -48,7 +48,13 @@ def _brute(profile, slots, in_flight, m, mb, link=None, allow_rc=True):  # type:
             a, b = bounds[k] + 1, bounds[k + 1]
             options = []
             for rc in (False, True) if allow_rc else (False,):
-                mem = stage_memory_bytes(profile, a, b, mb, in_flight[k], recompute=rc)
+                # Recompute in the unit that peaks lower (each layer, or the whole stage).
+                mem = min(
+                    stage_memory_bytes(
+                        profile, a, b, mb, in_flight[k], recompute=rc, recompute_layers=each
+                    )
+                    for each in (False, rc)
+                )
                 if mem <= slots[k].memory_bytes:
                     f, bw = stage_compute_ms(profile, a, b, mb, speed=slots[k].speed, recompute=rc)
                     options.append(f + bw)

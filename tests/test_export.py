@@ -421,6 +421,32 @@ def test_bf16_plan_exports_under_autocast_and_trains_like_pipeplan_run(tmp_path:
         export_plan(plan, "torchtitan", tmp_path / "titan")
 
 
+def test_each_layer_checkpointed_exports_and_trains_like_pipeplan_run(tmp_path: Path) -> None:
+    """recompute_layers (a checkpoint per layer): the exported script checkpoints pipeplan's
+    split the same way and equals pipeplan run; torchtitan gets mode "full" when every stage
+    does, and a stage checkpointed as a whole is refused there."""
+    model = ROOT / "examples" / "gpt.py"
+    path = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, recompute=(0, 1))
+    plan = Plan.load(path)
+    each = replace(plan, stages=[st.with_recompute(True, layers=True) for st in plan.stages])
+    each.save(path)
+    result = export_plan(path, "torch", tmp_path / "out", model=model)
+    cfg = json.loads((result.out_dir / "pipeline.json").read_text())
+    assert [s["recompute_layers"] for s in cfg["stages"]] == [True, True]
+    got = run_exported(result.out_dir, result.world_size, 2)
+    report = run_plan(
+        path, model, steps=2, warmup=0, timeout_s=60, threads=1, optimizer="momentum",
+        lr=0.05, return_params=True,
+    )  # fmt: skip
+    assert report.parameters is not None
+    check_same(got, report.losses, report.parameters)
+    toml = export_plan(path, "torchtitan", tmp_path / "titan").out_dir / "torchtitan.toml"
+    assert 'mode = "full"' in toml.read_text()
+    plan.save(path)  # one checkpoint per stage
+    with pytest.raises(InputError, match="checkpoints as a whole"):
+        export_plan(path, "torchtitan", tmp_path / "titan2")
+
+
 def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) -> None:
     """Every stage on two replicas: two pipelines of two ranks, gradients summed over the
     data-parallel group (the plan's ALLREDUCE), the same as one process."""

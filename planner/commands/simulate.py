@@ -219,6 +219,7 @@ def _resolve(
     step_ms: float | None,
     plan_file: Path | None,
     parallelism: tuple[bool, str | None] = (False, None),
+    recompute_layers: bool = False,
 ) -> _Resolved:
     """The flags, completed from ``--plan`` (its files sha256-checked unless overridden)."""
     from planner.plan_inputs import plan_inputs  # lazy: not needed by `pipeplan --help`
@@ -250,12 +251,19 @@ def _resolve(
     if step_ms is not None:
         check_number(step_ms, field="--step-ms", high=MAX_TIME_MS, unit=" ms")
     marks = _int_list(recompute, "--recompute")
+    if recompute_layers and not marks:
+        raise InputError(
+            "says how the --recompute stages checkpoint; give --recompute too",
+            field="--recompute-layers",
+        )
     if stages is not None:
         specs = load_stages_arg(stages, marks)
     elif plan is not None:
         specs = _marked(plan.stages, marks)
     else:
         raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
+    if recompute_layers:
+        specs = [st.with_recompute(True, layers=True) if st.id in marks else st for st in specs]
     sequence_parallel, sharding = parallelism
     if sequence_parallel or sharding is not None:
         specs = with_parallelism(specs, sequence_parallel=sequence_parallel, sharding=sharding)
@@ -357,6 +365,13 @@ def simulate_command(
         help="Stage ids that recompute activations, e.g. 1,3.",
         show_default=False,
     ),
+    recompute_layers: bool = typer.Option(
+        False,
+        "--recompute-layers",
+        help="The --recompute stages checkpoint each layer on its own (only the layers' "
+        "inputs kept, one layer rebuilt at a time: Megatron-LM's full recompute) instead of "
+        "the whole stage under one checkpoint.",
+    ),
     virtual_stages: int = typer.Option(
         1, "--virtual-stages", help="Interleaved: chunks per device (inferred from --stages)."
     ),
@@ -406,7 +421,7 @@ def simulate_command(
         outs.file(path, flag)
     got = _resolve(
         profile, topology, stages, schedule, num_microbatches, microbatch_size, recompute,
-        virtual_stages, step_ms, plan_file, (sequence_parallel, sharding),
+        virtual_stages, step_ms, plan_file, (sequence_parallel, sharding), recompute_layers,
     )  # fmt: skip
     outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
     specs, step_ms = got.stages, got.step_ms

@@ -9,8 +9,9 @@ Written into one folder:
 * ``schedule_compute.csv``: the same rows with F/B/I/W only, for ``_load_csv(path)``
   (torch adds the sends and receives itself; what torchtitan loads);
 * ``pipeline.json``: the split (the module where each stage starts, for
-  ``pipeline(split_spec=...)``; the modules and layers of each stage, its recompute,
-  tensor_parallel, sequence_parallel and sharding), stage to rank, the device mesh
+  ``pipeline(split_spec=...)``; the modules and layers of each stage, its recompute
+  (and recompute_layers: a checkpoint per layer), tensor_parallel, sequence_parallel and
+  sharding), stage to rank, the device mesh
   (:func:`mesh_config`), microbatch size and count, optimizer, precision (fp32 or bf16:
   autocast around each stage's forward and the loss) and the model file;
 * ``train_pipeline.py``: builds the stages and the schedule from these and trains
@@ -139,6 +140,7 @@ def pipeline_config(source: ExportSource, model: str | None) -> dict[str, Any]:
                 "starts_at": s.starts_at,
                 "modules": s.modules,
                 "recompute": plan.stages[s.stage].recompute,
+                "recompute_layers": plan.stages[s.stage].recompute_layers,
                 "tensor_parallel": plan.stages[s.stage].tensor_parallel,
                 "sequence_parallel": plan.stages[s.stage].sequence_parallel,
                 "sharding": plan.stages[s.stage].sharding,

@@ -54,6 +54,7 @@ __all__ = [
     "TORCHTITAN_COMMIT",
     "TORCHTITAN_PARALLEL_COMMIT",
     "export_torchtitan",
+    "titan_checkpointing",
     "titan_data_parallel",
     "titan_modules",
     "titan_toml",
@@ -149,6 +150,34 @@ def titan_data_parallel(source: ExportSource) -> tuple[int, int]:
     return dp, 1
 
 
+def titan_checkpointing(source: ExportSource) -> str:
+    """The ``[activation_checkpoint]`` mode line: ``"none"`` where no stage recomputes,
+    ``"full"`` (torchtitan checkpoints every transformer block on its own) where every
+    stage checkpoints each of its layers; anything between is refused with one line.
+
+    Example::
+
+        titan_checkpointing(source)   # 'mode = "none"  # the plan recomputes nothing'
+    """
+    stages = source.plan.stages
+    if not any(st.recompute for st in stages):
+        return 'mode = "none"  # the plan recomputes nothing'
+    for st in stages:
+        if not st.recompute_layers:
+            what = "checkpoints as a whole" if st.recompute else "recomputes nothing"
+            raise InputError(
+                f"stage {st.id} {what}; torchtitan's activation checkpointing is one "
+                'setting for every block (mode "full": each block on its own), not per '
+                "stage; solve without recompute (or set [activation_checkpoint] yourself)",
+                file=source.plan_path,
+                field=f"stages[{st.id}].recompute",
+            )
+    return (
+        'mode = "full"  # every stage checkpoints each layer; torchtitan checkpoints its '
+        "transformer blocks (not the embedding or the output)"
+    )
+
+
 def titan_toml(source: ExportSource, *, csv_path: str) -> str:
     """The TOML fragment to paste into a torchtitan job config.
 
@@ -179,15 +208,7 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
             file=source.profile_path,
             field="precision",
         )
-    for stage in plan.stages:
-        if stage.recompute:
-            raise InputError(
-                f"stage {stage.id} recomputes its activations; torchtitan's activation "
-                "checkpointing is one setting for every block, not per stage; solve without "
-                "recompute (or set [activation_checkpoint] yourself)",
-                file=source.plan_path,
-                field=f"stages[{stage.id}].recompute",
-            )
+    checkpointing = titan_checkpointing(source)
     modules = titan_modules(source)
     replicate, shard = titan_data_parallel(source)
     style = "Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B"
@@ -217,7 +238,7 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
         "per data-parallel replica",
         "",
         "[activation_checkpoint]",
-        'mode = "none"  # the plan recomputes nothing',
+        checkpointing,
     ]
     return "\n".join(lines) + "\n"
 

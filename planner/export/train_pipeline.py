@@ -142,9 +142,20 @@ class Recompute(nn.Module):
         return checkpoint(self.inner, *args, use_reentrant=False)
 
 
-def recomputed(module: nn.Module, recompute: bool) -> nn.Module:
-    """``module``, under activation checkpointing where the plan recomputes the stage."""
-    return Recompute(module) if recompute else module
+def recomputed(module: nn.Module, stage: dict[str, Any]) -> nn.Module:
+    """``module``, under activation checkpointing where the plan recomputes the stage: one
+    checkpoint for the stage, or (``recompute_layers``) one per layer of pipeplan's split,
+    as ``pipeplan run`` checkpoints it."""
+    if not stage["recompute"]:
+        return module
+    if stage.get("recompute_layers"):
+        if not hasattr(module, "checkpoint_layers"):
+            raise SystemExit(
+                "train_pipeline.py: this plan checkpoints each layer; use --split pipeplan"
+            )
+        module.checkpoint_layers = True  # type: ignore[assignment]
+        return module
+    return Recompute(module)
 
 
 class Logits(nn.Module):
@@ -200,7 +211,7 @@ def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any], device_type
     """What a PipelineStage runs for ``stage``: recomputed where the plan says, under the
     plan's autocast, its input gradients contiguous, and the last stage's Hugging Face
     output reduced to its logits."""
-    module = recomputed(module, cfg["stages"][stage]["recompute"])
+    module = recomputed(module, cfg["stages"][stage])
     if cfg["precision"] != "fp32":
         module = Autocast(module, cfg, device_type)
     if stage > 0:
@@ -286,7 +297,7 @@ def build_stages(
         assert pipe.num_stages == num_stages, f"torch split into {pipe.num_stages} stages"
         built = [pipe.build_stage(s, device, group) for s in local]
         for stage, s in zip(built, local, strict=True):  # torch's split returns tensors
-            stage.submod = recomputed(stage.submod, cfg["stages"][s]["recompute"])
+            stage.submod = recomputed(stage.submod, cfg["stages"][s])
             if cfg["precision"] != "fp32":
                 stage.submod = Autocast(stage.submod, cfg, device.type)
         return built, [pipe.get_stage_module(s) for s in local], None

@@ -55,7 +55,8 @@ class LayerCosts:
     ``static`` (weights + gradients + optimizer state), ``params`` and ``saved``.
     ``input_bytes[i]`` enters a stage starting at layer ``i``; ``cut_bytes[j]`` crosses the
     cut after layer ``j`` (0 after the last layer); ``workspace[i, j]`` is the largest
-    workspace of layers ``i..j``.
+    workspace of layers ``i..j``, ``rebuilt[i, j]`` their largest ``saved_bytes`` (what a
+    stage that checkpoints each layer rebuilds at once).
     """
 
     microbatch_size: int
@@ -67,6 +68,7 @@ class LayerCosts:
     input_bytes: np.ndarray
     cut_bytes: np.ndarray
     workspace: np.ndarray
+    rebuilt: np.ndarray
     # Per-slot-kind cost tables, filled by the DP (not part of the value).
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -106,10 +108,8 @@ def layer_costs(profile: Profile, microbatch_size: int) -> LayerCosts:
     cuts = np.array(
         [profile.cut_bytes(microbatch_size, j) for j in range(n - 1)] + [0], dtype=float
     )
-    ws = np.array([t.workspace_bytes for t in timing], dtype=float)
-    workspace = np.zeros((n, n))
-    for i in range(n):
-        workspace[i, i:] = np.maximum.accumulate(ws[i:])
+    workspace = _running_max([t.workspace_bytes for t in timing])
+    rebuilt = _running_max([t.saved_bytes for t in timing])
     return LayerCosts(
         microbatch_size=microbatch_size,
         fwd=fwd,
@@ -120,7 +120,17 @@ def layer_costs(profile: Profile, microbatch_size: int) -> LayerCosts:
         input_bytes=inputs,
         cut_bytes=cuts,
         workspace=workspace,
+        rebuilt=rebuilt,
     )
+
+
+def _running_max(values: Sequence[float]) -> np.ndarray:
+    """``out[i, j]``: the largest of ``values[i..j]`` (0 below the diagonal)."""
+    v = np.asarray(values, dtype=float)
+    out = np.zeros((len(v), len(v)))
+    for i in range(len(v)):
+        out[i, i:] = np.maximum.accumulate(v[i:])
+    return out
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,11 @@ class _Tables:
         self.saved = costs.saved[j + 1] - costs.saved[i]
         self.base = static + costs.workspace
         self.inputs = np.broadcast_to(costs.input_bytes[:, None], (n, n))
+        # Each layer checkpointed on its own: every layer's input stashed, the largest
+        # layer's activations rebuilt at once (planner.solve.memory.recompute_units).
+        stash = np.concatenate([[0.0], np.cumsum(costs.input_bytes)])
+        self.layer_inputs = stash[j + 1] - stash[i]
+        self.rebuilt = costs.rebuilt
         self.limit = slot.memory_bytes
         self.replicas = slot.replicas
         r = slot.replicas
@@ -214,7 +229,9 @@ class _Tables:
         cost = np.where(fits & self.valid, self.t_off, _INF)
         recompute = np.zeros(cost.shape, dtype=bool)
         if allow_recompute:
-            mem_on = self.base + held * self.inputs + (self.saved if held > 0 else 0.0)
+            whole = held * self.inputs + (self.saved if held > 0 else 0.0)
+            each = held * self.layer_inputs + (self.rebuilt if held > 0 else 0.0)
+            mem_on = self.base + np.minimum(whole, each)
             recompute = ~fits & (mem_on <= self.limit) & self.valid
             cost = np.where(recompute, self.t_on, cost)
         cost.setflags(write=False)

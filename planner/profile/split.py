@@ -330,6 +330,10 @@ class Stage(nn.Module):
     """A contiguous range of layers; takes the cut before ``first``, returns the cut after
     ``last`` as a tuple (or the model's output when ``last`` is the final layer).
 
+    ``checkpoint_layers`` (a plan stage's ``recompute_layers``): each layer runs under its
+    own non-reentrant activation checkpoint, so only the layers' inputs stay alive until
+    the backward rebuilds one layer at a time.
+
     Example::
 
         hidden = split.stage(0, 1)(tokens)
@@ -341,11 +345,17 @@ class Stage(nn.Module):
         self.first = first
         self.last = last
         self.is_last = is_last
+        self.checkpoint_layers = False
 
     def forward(self, *inputs: Any) -> Any:
         values: Any = inputs
         for layer in self.layers:  # each returns the tuple the next one takes
-            values = layer(*values)
+            if self.checkpoint_layers:
+                from torch.utils.checkpoint import checkpoint
+
+                values = checkpoint(layer, *values, use_reentrant=False)
+            else:
+                values = layer(*values)
         return values
 
 

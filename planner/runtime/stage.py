@@ -4,7 +4,9 @@ The module is :meth:`planner.profile.split.SplitModel.stage` - the very code the
 timed. Per microbatch the stage keeps what its backward needs: the input leaves, the
 outputs, and between ``I`` and ``W`` the zero-bubble parameter groups. Recompute stages
 run their forward under non-reentrant activation checkpointing, so only the stage inputs
-stay alive until the backward recomputes the rest.
+stay alive until the backward recomputes the rest; with ``recompute_layers`` each layer
+has its own checkpoint (only the layers' inputs stay alive, one layer is rebuilt at a
+time), as :func:`planner.cost.stage_memory_bytes` counts it.
 
 The last stage's forward also computes the loss, scaled by ``1 / num_microbatches`` so
 that the gradients summed over microbatches (and replicas) equal full-batch training; in
@@ -61,6 +63,7 @@ class StageRuntime:
         autocast: Callable[[], AbstractContextManager[Any]] | None = None,
         scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
         before_backward: Callable[[int], None] | None = None,
+        recompute_layers: bool = False,
     ):
         self.module = module
         self.stage_id = stage_id
@@ -79,6 +82,13 @@ class StageRuntime:
         # FSDP: told which microbatch's backward runs next (it syncs on the last one).
         self.before_backward = before_backward
         self.saved: dict[int, _Saved] = {}
+        # Each layer checkpointed on its own: inside the module's own call (so FSDP's and
+        # TP's hooks run around it), or per layer with the iteration's weights (2bw).
+        self.each_layer = recompute and recompute_layers
+        if self.each_layer and not hasattr(module, "checkpoint_layers"):
+            raise ValueError("recompute_layers needs a split Stage (its .layers)")
+        if self.each_layer and weights is None:
+            module.checkpoint_layers = True  # type: ignore[assignment]
 
     def params_for(self, iteration: int) -> list[torch.Tensor]:
         """The weights iteration ``iteration`` computes with (and accumulates gradients in).
@@ -98,6 +108,28 @@ class StageRuntime:
             self.module, dict(zip(self.names, params, strict=True)), tuple(leaves)
         )
 
+    def _each_layer_checkpointed(self, params: list[torch.Tensor], leaves: list[Any]) -> Any:
+        """Versioned weights (2bw) with each layer checkpointed: every layer under its
+        own checkpoint, called with the iteration's weights so its rebuild uses them too."""
+        from torch.func import functional_call
+        from torch.utils.checkpoint import checkpoint
+
+        index = {id(p): i for i, p in enumerate(self.params)}
+        values: Any = tuple(leaves)
+        stage: Any = self.module  # a split Stage (checked in __init__)
+        for layer in stage.layers:
+            own = {
+                name: params[index[id(p)]]
+                for name, p in layer.named_parameters(remove_duplicate=False)
+                if id(p) in index
+            }
+
+            def run(*xs: Any, layer: Any = layer, own: dict[str, Any] = own) -> Any:
+                return functional_call(layer, own, xs)
+
+            values = checkpoint(run, *values, use_reentrant=False)
+        return values
+
     def forward(self, k: int, inputs: Sequence[Any], targets: Any = None) -> Any:
         """Run microbatch ``k``; returns detached outputs, or the unscaled loss (last stage).
 
@@ -107,14 +139,16 @@ class StageRuntime:
         leaves = [leaf(v) for v in inputs] if self.stage_id > 0 else list(inputs)
         params = self.params_for(k // self.num_microbatches)
         with self.autocast():  # checkpoint's recompute restores this autocast state
-            if self.recompute:
+            if self.each_layer and self.weights is not None:
+                out = self._each_layer_checkpointed(params, leaves)
+            elif self.recompute and not self.each_layer:
                 from torch.utils.checkpoint import checkpoint
 
                 def run(*xs: Any) -> Any:
                     return self._call(params, list(xs))
 
                 out = checkpoint(run, *leaves, use_reentrant=False)
-            else:
+            else:  # no recompute, or each layer checkpointed by the module (see __init__)
                 out = self._call(params, leaves)
             if self.is_last and self.loss is not None:
                 loss = self.loss(out, targets)

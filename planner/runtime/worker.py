@@ -360,6 +360,7 @@ def _build_stages(
             stage_id=spec.id,
             is_last=is_last,
             recompute=spec.recompute,
+            recompute_layers=spec.recompute_layers,
             num_microbatches=m,
             loss=user.loss if is_last else None,
             weights=out.steppers[spec.id].weights if stream else None,

@@ -146,7 +146,13 @@ class _OrderSearch:
         """Whether ``held`` microbatches' activations fit on the stage's devices."""
         if st.is_plain:
             need = stage_memory_bytes(
-                self.profile, st.first, st.last, self.mbs, held, recompute=st.recompute
+                self.profile,
+                st.first,
+                st.last,
+                self.mbs,
+                held,
+                recompute=st.recompute,
+                recompute_layers=st.recompute_layers,
             )
         else:  # a member's shard, its sharded state, FSDP's gathered weights
             need = member_memory_bytes(self.profile, st, self.mbs, held)

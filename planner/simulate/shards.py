@@ -216,6 +216,7 @@ def member_memory_bytes(
         in_flight,
         recompute=stage.recompute,
         weight_versions=weight_versions,
+        recompute_layers=stage.recompute_layers,
     )
     if stage.sharding == "none":
         return plain

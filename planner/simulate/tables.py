@@ -28,6 +28,7 @@ from planner.cost import (
     boundary_bytes,
     stage_activation_bytes,
     stage_param_bytes,
+    stage_rebuilt_bytes,
     stage_static_bytes,
     stage_step_ms,
     stage_step_workspace_bytes,
@@ -362,7 +363,8 @@ def _memory_deltas(
     """Per slot the memory taken at the action's start and given back at its end.
 
     The stash is taken when a forward starts and freed when B (or W) ends; with recompute
-    the rebuilt activations exist from the start of B (or I) until it (or W) ends; the
+    the rebuilt activations (a whole microbatch's, or the largest layer's under
+    ``recompute_layers``) exist from the start of B (or I) until it (or W) ends; the
     workspace exists while each runs; the optimizer step's temporaries while STEP runs.
     FSDP's whole weights and gradients come with the first forward of an iteration (slot
     ``GATHER``) and go when its STEP starts (after the reduce-scatter).
@@ -373,12 +375,7 @@ def _memory_deltas(
         if not s.is_plain:
             _member_deltas(profile, s, si, microbatch_size, grows, shrinks)
             continue
-        stash = stage_activation_bytes(
-            profile, s.first, s.last, microbatch_size, recompute=s.recompute
-        )
-        rebuilt = (
-            stage_activation_bytes(profile, s.first, s.last, microbatch_size) if s.recompute else 0
-        )
+        stash, rebuilt = _recompute_bytes(profile, s, microbatch_size)
         scratch = stage_workspace_bytes(profile, s.first, s.last, microbatch_size)
         deltas = (
             (stash + scratch, -scratch),
@@ -393,6 +390,18 @@ def _memory_deltas(
     return grows, shrinks
 
 
+def _recompute_bytes(profile: Profile, s: StageSpec, microbatch_size: int) -> tuple[int, int]:
+    """What one in-flight microbatch stashes on the stage, and what its backward rebuilds
+    at once (0 without recompute): :func:`planner.cost.stage_memory_bytes`'s terms."""
+    each = s.recompute_layers
+    stash = stage_activation_bytes(
+        profile, s.first, s.last, microbatch_size, recompute=s.recompute, each_layer=each
+    )
+    if not s.recompute:
+        return stash, 0
+    return stash, stage_rebuilt_bytes(profile, s.first, s.last, microbatch_size, each_layer=each)
+
+
 def _member_deltas(
     profile: Profile,
     s: StageSpec,
@@ -403,8 +412,7 @@ def _member_deltas(
 ) -> None:
     """:func:`_memory_deltas` of a tensor-parallel or sharded stage, for one member."""
     view = shard_view(profile, s)
-    stash = stage_activation_bytes(view, s.first, s.last, microbatch_size, recompute=s.recompute)
-    rebuilt = stage_activation_bytes(view, s.first, s.last, microbatch_size) if s.recompute else 0
+    stash, rebuilt = _recompute_bytes(view, s, microbatch_size)
     scratch = stage_workspace_bytes(view, s.first, s.last, microbatch_size)
     deltas = (
         (stash + scratch, -scratch),

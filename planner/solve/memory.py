@@ -2,7 +2,8 @@
 
 :func:`in_flight` is the number of microbatches a stage stashes under a schedule (per chunk
 when interleaved); :func:`fix_recompute` switches recompute on exactly for the stages whose
-activations would not fit (recompute is never faster).
+activations would not fit (recompute is never faster); :func:`recompute_units` checkpoints
+each such stage in the unit that peaks lower (each layer on its own, or the whole stage).
 
 Example::
 
@@ -19,11 +20,14 @@ from planner.cost import stage_memory_bytes
 from planner.profile.schema import Profile
 from planner.schedule.families import family
 from planner.schedule.replicas import replica_round
+from planner.shape import PlanShape
+from planner.simulate.shards import member_memory_bytes
+from planner.stages import StageSpec
 
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["fix_recompute", "in_flight", "weight_versions"]
+__all__ = ["fix_recompute", "in_flight", "recompute_units", "weight_versions", "with_recompute"]
 
 
 def in_flight(
@@ -88,3 +92,59 @@ def fix_recompute(
         mem = stage_memory_bytes(profile, a, b, mb, held, weight_versions=weight_versions(schedule))
         flags.append(mem > limit)
     return tuple(flags)
+
+
+def recompute_units(
+    profile: Profile,
+    stages: Sequence[StageSpec],
+    schedule: str,
+    mb: int,
+    num_microbatches: int,
+    virtual: int = 1,
+) -> tuple[StageSpec, ...]:
+    """The stages, each recomputing one checkpointed in the unit whose peak memory is
+    lower on one of its devices: every layer on its own (``recompute_layers``: the layers'
+    inputs kept, one layer rebuilt at a time; transformer blocks) or the whole stage (its
+    input kept, all rebuilt at once; layers that save little beyond their output). Both
+    cost one forward more, so memory alone decides; a tie keeps the whole stage.
+
+    Example::
+
+        recompute_units(profile, shape.stages, "1f1b", 4, 8)[0].recompute_layers
+    """
+    count = len(stages)
+    rounds = replica_round([st.replicas for st in stages], num_microbatches)
+    versions = weight_versions(schedule)
+    out = []
+    for k, st in enumerate(stages):
+        if not st.recompute:
+            out.append(st)
+            continue
+        held = -(-in_flight(schedule, count, k, num_microbatches, virtual, rounds) // st.replicas)
+        whole, each = st.with_recompute(True), st.with_recompute(True, layers=True)
+        need_whole = member_memory_bytes(profile, whole, mb, held, weight_versions=versions)
+        need_each = member_memory_bytes(profile, each, mb, held, weight_versions=versions)
+        out.append(each if need_each < need_whole else whole)
+    return tuple(out)
+
+
+def with_recompute(profile: Profile, shape: PlanShape, flags: Sequence[bool]) -> PlanShape:
+    """``shape`` with its stages' recompute switched to ``flags``, each recomputing stage in
+    the unit that peaks lower (:func:`recompute_units`).
+
+    Example::
+
+        with_recompute(profile, shape, [True, False]).stages[0].recompute   # True
+    """
+    flagged = shape.with_recompute(flags)
+    stages = recompute_units(
+        profile,
+        flagged.stages,
+        shape.schedule,
+        shape.microbatch_size,
+        shape.num_microbatches,
+        shape.virtual_stages,
+    )
+    return PlanShape(
+        stages, shape.schedule, shape.microbatch_size, shape.num_microbatches, shape.virtual_stages
+    )

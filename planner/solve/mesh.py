@@ -35,7 +35,7 @@ from planner.schedule.replicas import replica_round
 from planner.shape import PlanShape
 from planner.simulate.group_comm import pass_collective_ms
 from planner.simulate.shards import member_memory_bytes, shard_view
-from planner.solve.memory import in_flight, weight_versions
+from planner.solve.memory import in_flight, recompute_units, weight_versions
 from planner.solve.search import Search
 from planner.stages import StageSpec
 
@@ -157,6 +157,7 @@ def mesh_shape(
     if recompute is None:
         recompute = mesh_recompute(search, stages, schedule, mb, m, virtual)
     stages = tuple(st.with_recompute(bool(rc)) for st, rc in zip(stages, recompute, strict=True))
+    stages = recompute_units(search.profile, stages, schedule, mb, m, virtual)
     return PlanShape(stages, schedule, mb, m, virtual)
 
 

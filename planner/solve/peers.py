@@ -104,6 +104,7 @@ class PeerConfig:
     depth: int
     data_parallel: int
     shape: PlanShape
+    checkpoint_layers: bool = True  # Peer.checkpoint_layers
 
     @property
     def recompute(self) -> bool:
@@ -111,9 +112,11 @@ class PeerConfig:
         return any(s.recompute for s in self.shape.stages)
 
     def checkpointed(self) -> PeerConfig:
-        """The same configuration with activation checkpointing on every stage."""
+        """The same configuration with activation checkpointing on every stage, in the
+        peer's own unit (each layer, or each stage for torchgpipe)."""
         flags = [True] * len(self.shape.stages)
-        return dataclasses.replace(self, shape=self.shape.with_recompute(flags))
+        shape = self.shape.with_recompute(flags, layers=self.checkpoint_layers)
+        return dataclasses.replace(self, shape=shape)
 
     @property
     def tensor_parallel(self) -> int:
@@ -162,6 +165,10 @@ class Peer:
     tensor_parallel: bool = False
     sequence_parallel: tuple[bool, ...] = (False,)
     shardings: tuple[str, ...] = ("none",)
+    # Activation checkpointing as its users switch it on: each layer (transformer block)
+    # under its own checkpoint (Megatron-LM's full recompute, DeepSpeed's, torchtitan's
+    # per block), or each partition under one (torchgpipe's checkpoint="always").
+    checkpoint_layers: bool = True
 
     def configurations(
         self, parts: PeerPartitions, settings: Sequence[Setting]
@@ -228,7 +235,9 @@ class Peer:
                             for k, r in enumerate(ranges)
                         )
                         shape = PlanShape(placed, sched, mb, m, v)
-                        yield PeerConfig(self.name, method, depth, dp, shape)
+                        yield PeerConfig(
+                            self.name, method, depth, dp, shape, self.checkpoint_layers
+                        )
 
     def _pipedream(
         self, parts: PeerPartitions, settings: Sequence[Setting]
@@ -246,12 +255,20 @@ class Peer:
             dp = max(len(s.devices) for s in placed)
             for sched in self.schedules:
                 shape = PlanShape(placed, sched, mb, m)
-                yield PeerConfig(self.name, "pipedream", len(stages), dp, shape)
+                yield PeerConfig(
+                    self.name, "pipedream", len(stages), dp, shape, self.checkpoint_layers
+                )
 
 
 PEERS: tuple[Peer, ...] = (
     Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
-    Peer("torchgpipe", ("balance_by_time",), ("gpipe",), layout="replica-major"),
+    Peer(
+        "torchgpipe",
+        ("balance_by_time",),
+        ("gpipe",),
+        layout="replica-major",
+        checkpoint_layers=False,
+    ),
     Peer("Megatron-LM", ("equal layers",), ("1f1b", "interleaved")),
     Peer(
         "torch.distributed.pipelining",
@@ -268,7 +285,13 @@ PEERS: tuple[Peer, ...] = (
 # distributed optimizer (ZeRO-1), and three peers of sharded data parallelism join.
 TP_PEERS: tuple[Peer, ...] = (
     Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
-    Peer("torchgpipe", ("balance_by_time",), ("gpipe",), layout="replica-major"),
+    Peer(
+        "torchgpipe",
+        ("balance_by_time",),
+        ("gpipe",),
+        layout="replica-major",
+        checkpoint_layers=False,
+    ),
     Peer(
         "Megatron-LM",
         ("equal layers",),

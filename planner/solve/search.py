@@ -34,7 +34,7 @@ from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
 from planner.solve.bounds import overflows_memory, search_bound_ms
-from planner.solve.memory import fix_recompute
+from planner.solve.memory import fix_recompute, recompute_units, with_recompute
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
 
@@ -148,7 +148,7 @@ class Search:
         if not scored.fits and scored.result is not None:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
             flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
-            retry = self.simulate_as_given(cand.with_recompute(flags), origin)
+            retry = self.simulate_as_given(with_recompute(self.profile, cand, flags), origin)
             if retry.key() < scored.key():
                 scored = retry
         if scored.fits:
@@ -156,7 +156,8 @@ class Search:
                 if stage.recompute:
                     flags = [s.recompute for s in scored.shape.stages]
                     flags[k] = False
-                    retry = self.simulate_as_given(scored.shape.with_recompute(flags), origin)
+                    shape = with_recompute(self.profile, scored.shape, flags)
+                    retry = self.simulate_as_given(shape, origin)
                     if retry.key() < scored.key():
                         scored = retry
         self.cache[cand] = scored
@@ -229,7 +230,8 @@ def make_shape(
     virtual: int = 1,
 ) -> PlanShape:
     """The candidate for these stages; recompute as given, or where memory needs it
-    (:func:`planner.solve.memory.fix_recompute`).
+    (:func:`planner.solve.memory.fix_recompute`), each recomputing stage checkpointed in
+    the unit that peaks lower (:func:`planner.solve.memory.recompute_units`).
 
     Example::
 
@@ -251,4 +253,5 @@ def make_shape(
         StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
         for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
+    stages = recompute_units(search.profile, stages, schedule, mb, num_microbatches, virtual)
     return PlanShape(stages, schedule, mb, num_microbatches, virtual)
