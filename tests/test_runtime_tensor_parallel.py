@@ -58,10 +58,13 @@ def parallel_plan(
     sharding: tuple[str, ...] = (),
     recompute: tuple[int, ...] = (),
     profile: FileRef | None = None,
+    recompute_layers: bool = False,
 ) -> Plan:
     """A plan of ``text``'s stages ('+' joins a tensor-parallel group) with SP on every
-    group and ``sharding[i]`` on stage ``i``."""
+    group and ``sharding[i]`` on stage ``i``; ``recompute`` stages checkpoint each layer
+    where ``recompute_layers``."""
     stages = parse_stages(text, recompute=list(recompute))
+    stages = [st.with_recompute(st.recompute, layers=recompute_layers) for st in stages]
     stages = with_parallelism(stages, sequence_parallel=sequence_parallel)
     if sharding:
         stages = [
@@ -104,23 +107,23 @@ GROUPS = "cpu0+cpu1", "cpu2+cpu3"
 
 
 @pytest.mark.parametrize(
-    ("model", "stages", "schedule", "sp", "sharding", "recompute", "optimizer"),
+    ("model", "stages", "schedule", "sp", "sharding", "recompute", "optimizer", "each_layer"),
     [
         pytest.param(
-            LLAMA, "0-2:{0};3-4:{1}", "1f1b", True, (), (0,), "momentum",
+            LLAMA, "0-2:{0};3-4:{1}", "1f1b", True, (), (0,), "momentum", False,
             id="llama-tp2-pp2-1f1b-sp-recompute",
         ),
         pytest.param(
-            LLAMA, "0:{0};1:{1};2:{0};3-4:{1}", "interleaved", False, (), (), "momentum",
+            LLAMA, "0:{0};1:{1};2:{0};3-4:{1}", "interleaved", False, (), (), "momentum", False,
             id="llama-tp2-pp2-interleaved",
         ),
         pytest.param(
             GPT, "0-1:{0},cpu4+cpu5;2-3:{1},cpu6+cpu7", "1f1b", True, ("none", "zero1"), (),
-            "momentum", id="gpt-tp2-pp2-dp2-sp-none-zero1",
+            "momentum", False, id="gpt-tp2-pp2-dp2-sp-none-zero1",
         ),
         pytest.param(
-            LLAMA, "0-2:{0},cpu4+cpu5;3-4:{1},cpu6+cpu7", "1f1b", False, ("fsdp", "zero1"), (),
-            "momentum", id="llama-tp2-pp2-dp2-fsdp-zero1",
+            LLAMA, "0-2:{0},cpu4+cpu5;3-4:{1},cpu6+cpu7", "1f1b", False, ("fsdp", "zero1"),
+            (0,), "momentum", True, id="llama-tp2-pp2-dp2-fsdp-zero1-recompute-each-layer",
         ),
     ],
 )  # fmt: skip
@@ -132,10 +135,11 @@ def test_tensor_parallel_runs_equal_one_process(
     sharding: tuple[str, ...],
     recompute: tuple[int, ...],
     optimizer: str,
+    each_layer: bool,
 ) -> None:
     plan = parallel_plan(
         stages.format(*GROUPS), schedule, sequence_parallel=sp, sharding=sharding,
-        recompute=recompute,
+        recompute=recompute, recompute_layers=each_layer,
     )  # fmt: skip
     report = run_exactly(model, plan, optimizer)
     assert report.world_size == len({d for st in plan.stages for d in st.devices})
