@@ -487,6 +487,29 @@ def test_torchtitan_refuses_what_its_splitter_cannot_keep(tmp_path: Path) -> Non
     assert cfg["split_points"] == ["blocks.2"] and cfg["stages"][1]["modules"] is None
 
 
+def test_a_hugging_face_llama_exports_to_torchtitan_under_its_llama3_names(
+    tmp_path: Path,
+) -> None:
+    """transformers nests the layers under ``model``; torchtitan's Llama 3 keeps them at the
+    top (its Llama3StateDictAdapter maps the weights the same way): the plan's stages are
+    written with torchtitan's names, the rotary embedding (no module there) left out."""
+    names = {0: "model.embed_tokens+model.rotary_emb", 5: "model.norm+lm_head"}
+    names.update({i: f"model.layers.{i - 1}" for i in range(1, 5)})
+    llama = renamed_profile(tmp_path, names)
+    plan = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, profile=llama)
+    toml = (export_plan(plan, "torchtitan", tmp_path / "t").out_dir / "torchtitan.toml").read_text()
+    parts = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "output"]]
+    assert f"module_fqns_per_model_part = {json.dumps(parts)}" in toml
+    assert "torchtitan's llama3 names them" in toml
+    # Another nesting (GPT-2's transformer.h.N) has no such names: refused as before.
+    gpt2 = renamed_profile(
+        tmp_path, {1: "transformer.h.0", 2: "transformer.h.1", 0: "transformer.wte"}
+    )
+    plan = make_plan(tmp_path, "gpt", "0-1:cpu0;2-5:cpu1", "1f1b", 4, 1, profile=gpt2)
+    with pytest.raises(InputError, match="module 'transformer' would belong"):
+        export_plan(plan, "torchtitan", tmp_path / "t2")
+
+
 def test_hugging_face_model_exports_and_trains_like_one_process(tmp_path: Path) -> None:
     """A Hugging Face model's last stage returns a ModelOutput, which torch's PipelineStage
     does not take: the exported stage gives its ``.logits`` (what the loss reads)."""

@@ -14,7 +14,12 @@ Checked against torchtitan's source (TOML job configs): ``torchtitan/config/job_
 * microbatches = ``training.local_batch_size // parallelism.pipeline_parallel_microbatch_size``.
 
 So a plan exports when its stages sit on ranks in loop order and each module belongs to one
-stage; the rest of :mod:`planner.export.source`'s refusals apply too.
+stage; the rest of :mod:`planner.export.source`'s refusals apply too. A Hugging Face
+Llama-style model (``model.embed_tokens``, ``model.layers.N``, ``model.norm``, ``lm_head``)
+is named as torchtitan's Llama 3 names the same modules (``tok_embeddings``, ``layers.N``,
+``norm``, ``output``: torchtitan's ``Llama3StateDictAdapter.from_hf_map``, commit
+``000204a4a8bf``), its rotary embedding left out (torchtitan keeps ``freqs_cis`` on the
+root), so the plan applies to torchtitan's own model of the same shape.
 
 Tensor parallelism and sharding were checked against the last TOML-era torchtitan,
 commit ``238fa9953e4a`` (2026-02-23, before the config refactor #2386 that replaced TOML
@@ -42,6 +47,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from planner.errors import InputError
@@ -56,6 +62,7 @@ __all__ = [
     "export_torchtitan",
     "titan_checkpointing",
     "titan_data_parallel",
+    "titan_from_hf",
     "titan_modules",
     "titan_toml",
 ]
@@ -68,6 +75,43 @@ TORCHTITAN_PARALLEL_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 parallelize.py the tensor-parallel and data-parallel fields were checked against."""
 
 
+# Hugging Face Llama's top-level modules as torchtitan's Llama 3 names them (its
+# Llama3StateDictAdapter.from_hf_map maps their weights the same way); None: no module there.
+_FROM_HF: tuple[tuple[re.Pattern[str], str | None], ...] = (
+    (re.compile(r"model\.embed_tokens(\..*)?"), "tok_embeddings"),
+    (re.compile(r"model\.layers\.(\d+)(\..*)?"), "layers.{0}"),
+    (re.compile(r"model\.norm(\..*)?"), "norm"),
+    (re.compile(r"lm_head(\..*)?"), "output"),
+    (re.compile(r"model\.rotary_emb(\..*)?"), None),
+)
+
+
+def titan_from_hf(modules: list[list[str]]) -> list[list[str]] | None:
+    """Each stage's Hugging Face Llama modules under torchtitan's Llama 3 names; None
+    where some module is not one of them (not a Llama-style model).
+
+    Example::
+
+        titan_from_hf([["model.embed_tokens", "model.rotary_emb", "model.layers.0"],
+                       ["model.layers.1", "model.norm", "lm_head"]])
+        # [['tok_embeddings', 'layers.0'], ['layers.1', 'norm', 'output']]
+    """
+    out: list[list[str]] = []
+    for stage in modules:
+        names: list[str] = []
+        for module in stage:
+            for pattern, titan in _FROM_HF:
+                hit = pattern.fullmatch(module)
+                if hit is not None:
+                    if titan is not None:
+                        names.append(titan.format(*hit.groups()))
+                    break
+            else:
+                return None
+        out.append(list(dict.fromkeys(names)))
+    return out
+
+
 def titan_modules(source: ExportSource) -> list[list[str]]:
     """``module_fqns_per_model_part``: each stage's modules at torchtitan's granularity.
 
@@ -76,7 +120,7 @@ def titan_modules(source: ExportSource) -> list[list[str]]:
         titan_modules(source)    # [['tok_embeddings', 'layers.0'], ['layers.1', 'norm', 'output']]
     """
     owner: dict[str, int] = {}
-    parts: list[list[str]] = []
+    modules: list[list[str]] = []
     for split in source.splits:
         if split.modules is None:
             raise InputError(
@@ -86,7 +130,11 @@ def titan_modules(source: ExportSource) -> list[list[str]]:
                 file=source.profile_path,
                 field="layers",
             )
-        names = list(dict.fromkeys(titan_module(m) for m in split.modules))
+        modules.append(split.modules)
+    named = titan_from_hf(modules) or modules
+    parts: list[list[str]] = []
+    for split, stage_modules in zip(source.splits, named, strict=True):
+        names = list(dict.fromkeys(titan_module(m) for m in stage_modules))
         for name in names:
             if owner.setdefault(name, split.stage) != split.stage:
                 raise InputError(
@@ -213,6 +261,15 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
     replicate, shard = titan_data_parallel(source)
     style = "Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B"
     local_batch = plan.microbatch_size * layout.microbatches_per_replica
+    if titan_from_hf([list(split.modules or []) for split in source.splits]) is not None:
+        names_note = (
+            "# Module names: the Hugging Face Llama's as torchtitan's llama3 names them "
+            "(model.layers.N -> layers.N, ...): train torchtitan's llama3 of the same shape."
+        )
+    else:
+        names_note = (
+            "# The module names are the profiled model's: they must be your torchtitan model's."
+        )
     lines = [
         f"# pipeplan export of {source.plan_path} (schedule {source.schedule.name}, "
         f"{len(source.splits)} stages on {p} pipeline ranks x {layout.dp_degree} "
@@ -220,7 +277,7 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
         f"# Fields as read by torchtitan commit {TORCHTITAN_COMMIT[:12]} "
         "(torchtitan/distributed/pipeline_parallel.py) and, for tensor and data "
         f"parallelism, {TORCHTITAN_PARALLEL_COMMIT[:12]}; see docs/export.md.",
-        "# The module names are the profiled model's: they must be your torchtitan model's.",
+        names_note,
         "# Tensor parallelism follows torchtitan's own plan for its model (with sequence",
         "# parallelism), not the model file's tp_plan().",
         "[parallelism]",
