@@ -397,41 +397,24 @@ def test_exported_schedule_trains_like_pipeplan_run(
     assert all(not torch.equal(initial[n], got[n]) for n in initial)  # it trained
 
 
-def test_bf16_plan_exports_under_autocast_and_trains_like_pipeplan_run(tmp_path: Path) -> None:
-    """bf16 (autocast around each stage's forward and the loss, as pipeplan run trains),
-    with a recomputed stage: the exported script equals pipeplan run, and differs from fp32
-    training (autocast is really on)."""
+def test_bf16_each_layer_checkpointed_exports_and_trains_like_pipeplan_run(
+    tmp_path: Path,
+) -> None:
+    """bf16 (autocast around each stage's forward and the loss, as pipeplan run trains)
+    with every layer under its own checkpoint (recompute_layers): the exported script
+    equals pipeplan run, and differs from fp32 training (autocast is really on)."""
     base = json.loads((ROOT / "profiles" / "gpt.json").read_text())
     bf16 = tmp_path / "gpt-bf16.json"
     bf16.write_text(json.dumps(dict(base, precision="bf16")))
-    stages, model = "0-2:cpu0;3-5:cpu1", ROOT / "examples" / "gpt.py"
-    plan = make_plan(tmp_path, "gpt", stages, "1f1b", 4, 1, recompute=(0,), profile=bf16)
-    result = export_plan(plan, "torch", tmp_path / "out", model=model)
-    assert json.loads((result.out_dir / "pipeline.json").read_text())["precision"] == "bf16"
-    got = run_exported(result.out_dir, result.world_size, 2)
-    report = run_plan(
-        plan, model, steps=2, warmup=0, timeout_s=60, threads=1, optimizer="momentum",
-        lr=0.05, return_params=True,
-    )  # fmt: skip
-    assert report.parameters is not None
-    check_same(got, report.losses, report.parameters)
-    fp32 = train_single_process(model, steps=2, batch_size=4, optimizer="momentum", lr=0.05)
-    assert got["__losses__"].tolist() != pytest.approx(fp32.losses, rel=1e-5, abs=1e-7)
-    with pytest.raises(InputError, match="torchtitan's mixed precision"):
-        export_plan(plan, "torchtitan", tmp_path / "titan")
-
-
-def test_each_layer_checkpointed_exports_and_trains_like_pipeplan_run(tmp_path: Path) -> None:
-    """recompute_layers (a checkpoint per layer): the exported script checkpoints pipeplan's
-    split the same way and equals pipeplan run; torchtitan gets mode "full" when every stage
-    does, and a stage checkpointed as a whole is refused there."""
     model = ROOT / "examples" / "gpt.py"
-    path = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, recompute=(0, 1))
+    path = make_plan(
+        tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, recompute=(0, 1), profile=bf16
+    )
     plan = Plan.load(path)
-    each = replace(plan, stages=[st.with_recompute(True, layers=True) for st in plan.stages])
-    each.save(path)
+    replace(plan, stages=[st.with_recompute(True, layers=True) for st in plan.stages]).save(path)
     result = export_plan(path, "torch", tmp_path / "out", model=model)
     cfg = json.loads((result.out_dir / "pipeline.json").read_text())
+    assert cfg["precision"] == "bf16"
     assert [s["recompute_layers"] for s in cfg["stages"]] == [True, True]
     got = run_exported(result.out_dir, result.world_size, 2)
     report = run_plan(
@@ -440,11 +423,33 @@ def test_each_layer_checkpointed_exports_and_trains_like_pipeplan_run(tmp_path: 
     )  # fmt: skip
     assert report.parameters is not None
     check_same(got, report.losses, report.parameters)
+    fp32 = train_single_process(model, steps=2, batch_size=4, optimizer="momentum", lr=0.05)
+    assert got["__losses__"].tolist() != pytest.approx(fp32.losses, rel=1e-5, abs=1e-7)
+    with pytest.raises(InputError, match="torchtitan's mixed precision"):
+        export_plan(path, "torchtitan", tmp_path / "titan")
+
+
+def test_torchtitan_checkpoints_every_block_when_every_stage_checkpoints_each_layer(
+    tmp_path: Path,
+) -> None:
+    path = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1, recompute=(0, 1))
+    plan = Plan.load(path)
+    replace(plan, stages=[st.with_recompute(True, layers=True) for st in plan.stages]).save(path)
     toml = export_plan(path, "torchtitan", tmp_path / "titan").out_dir / "torchtitan.toml"
     assert 'mode = "full"' in toml.read_text()
     plan.save(path)  # one checkpoint per stage
-    with pytest.raises(InputError, match="checkpoints as a whole"):
+    with pytest.raises(InputError, match="stage 0 checkpoints as a whole"):
         export_plan(path, "torchtitan", tmp_path / "titan2")
+    half = replace(
+        plan,
+        stages=[
+            plan.stages[0].with_recompute(True, layers=True),
+            plan.stages[1].with_recompute(False),
+        ],
+    )
+    half.save(path)
+    with pytest.raises(InputError, match="stage 1 recomputes nothing"):
+        export_plan(path, "torchtitan", tmp_path / "titan3")
 
 
 def test_replicated_stages_train_as_a_data_parallel_dimension(tmp_path: Path) -> None:
