@@ -176,3 +176,22 @@ def test_plan_json_keeps_the_unit(tmp_path: Path) -> None:
     stages = json.loads(path.read_text())["stages"]
     assert [s.get("recompute_layers", False) for s in stages] == [False, True]
     assert [st.recompute_layers for st in Plan.load(path).stages] == [False, True]
+
+
+def test_simulate_recompute_layers_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    gpt = str(Path(__file__).resolve().parents[1] / "profiles" / "gpt.json")
+    base = ["simulate", "--profile", gpt, "--stages", "0-2:a;3-5:b", "--no-gantt"]
+    with pytest.raises(SystemExit) as done:
+        main([*base, "--recompute-layers"])
+    assert done.value.code == 2
+    assert (
+        "--recompute-layers: says how the --recompute stages checkpoint" in capsys.readouterr().err
+    )
+    out = tmp_path / "plan.json"
+    with pytest.raises(SystemExit) as done:
+        main([*base, "--recompute", "1", "--recompute-layers", "-o", str(out)])
+    assert done.value.code in (0, None)
+    stages = Plan.load(out).stages
+    assert [(s.recompute, s.recompute_layers) for s in stages] == [(False, False), (True, True)]
