@@ -78,8 +78,14 @@ def tie_text(shape: PlanShape) -> str:
 
 @dataclass
 class Scored:
-    """A simulated plan shape: its time, whether every device fits, its memory peaks, the
-    simulation (None where the schedule cannot run the shape) and who proposed it."""
+    """A simulated plan shape: its time, whether every device fits, its memory peaks (of
+    the devices that overflow, where it does not fit), the simulation (None: not kept, or
+    the schedule cannot run the shape, ``runs`` False) and who proposed it.
+
+    The search keeps no simulation (a thousand devices' maps and a schedule of thousands
+    of microbatches each): :meth:`planner.solve.search.Search.result_of` simulates a plan
+    again where its result is needed, the same numbers.
+    """
 
     shape: PlanShape
     iteration_ms: float
@@ -87,6 +93,7 @@ class Scored:
     memory: dict[str, int]
     result: SimResult | None
     origin: str
+    runs: bool = True
 
     @property
     def per_sample_ms(self) -> float:
