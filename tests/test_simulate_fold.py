@@ -84,10 +84,10 @@ def _both(profile: Any, topo: Topology | None, shape: PlanShape) -> tuple[Any, A
     timing._run_folded = spy  # type: ignore[assignment]
     try:
         once = simulate_shape(profile, topo, shape)
-        timing._run_folded = lambda *args: None  # type: ignore[assignment]
+        timing._run_folded = lambda *args: None
         full = simulate_shape(profile, topo, shape)
     finally:
-        timing._run_folded = fold  # type: ignore[assignment]
+        timing._run_folded = fold
     return once, full, any(used)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
 
@@ -43,7 +44,7 @@ from planner.stages import StageSpec
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["ENGINES", "Engine", "pausing_gc", "simulate_schedule"]
+__all__ = ["ENGINES", "Engine", "OverLimit", "check_memory", "pausing_gc", "simulate_schedule"]
 
 Engine = Literal["auto", "events", "in_order"]
 ENGINES: tuple[str, ...] = get_args(Engine)
@@ -90,8 +91,13 @@ def simulate_schedule(
     step_ms: float | Sequence[float] | None = None,
     events: bool = True,
     engine: Engine = "auto",
+    over_limit: bool = False,
 ) -> SimResult:
     """Time an explicit schedule (no validation, no lower bound).
+
+    ``over_limit``: where a device's peak memory (which follows from the program order
+    alone) exceeds its memory in ``topology``, raise :class:`OverLimit` with every
+    device's peak instead of timing it (the solver's plans that cannot fit).
 
     ``events=False`` skips the event lists and memory curves (for solver loops);
     ``engine`` picks how the times are computed (see the module's description). A
@@ -118,6 +124,8 @@ def simulate_schedule(
     tables = stage_tables(profile, topology, stages, run_schedule, microbatch_size, step_ms)
     total_mb = schedule.num_microbatches * schedule.iterations
     shape = SHAPES.get(run_schedule, run_stages, tables.devices, total_mb)
+    if over_limit and topology is not None:
+        check_memory(shape, tables, topology, schedule.num_microbatches)
     if not events and engine != "in_order":
         once = _run_folded(shape, run_stages, tables, topology, schedule.num_microbatches, total_mb)
         if once is not None:
@@ -133,6 +141,53 @@ def simulate_schedule(
     peaks, busy = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
     result = _result(run, peaks, busy, tables, topology, stages, schedule, microbatch_size, events)
     return result if run_stages is stages else with_members(result, stages, topology)
+
+
+class OverLimit(Exception):  # noqa: N818 (an outcome the solver asks for, not an error)
+    """A device's peak memory exceeds its memory (:func:`simulate_schedule`'s
+    ``over_limit``): ``memory`` holds every device's peak, as the result would.
+
+    Example::
+
+        try:
+            simulate_shape(profile, topology, shape, over_limit=True)
+        except OverLimit as over:
+            over.memory["gpu0"]
+    """
+
+    def __init__(self, memory: dict[str, int]) -> None:
+        super().__init__("a device's memory is exceeded")
+        self.memory = memory
+
+
+def check_memory(
+    shape: CompiledShape, tables: StageTables, topology: Topology, num_microbatches: int
+) -> None:
+    """Raise :class:`OverLimit` where a device's peak memory exceeds its memory (every
+    member of a tensor-parallel group holds its leader's), unless a duration is not finite
+    (then the time could be infinite: the caller simulates it all).
+
+    Example::
+
+        check_memory(shape, tables, topology, 8)
+    """
+    if tables.gathering:
+        programs = gather_first_forwards(shape.programs, tables.gathering, num_microbatches)
+        shape = CompiledShape(programs)
+    static = [tables.static[d] for d in tables.devices]
+    peaks, _ = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
+    members = tables.groups
+    memory = {
+        m: int(peak)
+        for d, peak in zip(tables.devices, peaks, strict=True)
+        for m in members.get(d, (d,))
+    }
+    device = topology.device
+    if all(b <= device(d).memory_bytes for d, b in memory.items()):
+        return
+    if not all(math.isfinite(x) for row in tables.durations for x in row):
+        return
+    raise OverLimit(memory)
 
 
 def with_deferred_steps(

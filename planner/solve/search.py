@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
+from planner.simulate.timing import OverLimit
 from planner.solve.bounds import overflows_memory, search_bound_ms
 from planner.solve.memory import fix_recompute
 from planner.solve.options import SolveOptions
@@ -210,7 +211,14 @@ class Search:
         self.check_clock(origin)
         self.sims += 1
         try:
-            res = simulate_shape(self.profile, self.topology, cand)
+            res = simulate_shape(self.profile, self.topology, cand, over_limit=True)
+        except OverLimit as exc:
+            # Memory alone settles that it does not fit; its time only where it is asked.
+            device = self.topology.device
+            over = {d: b for d, b in exc.memory.items() if b > device(d).memory_bytes}
+            scored = Scored(cand, math.nan, False, over, None, origin, later=self._timer(cand))
+            self.cache[cand] = scored
+            return scored
         except InputError:
             # A schedule that cannot run this shape (e.g. interleaved with too few
             # microbatches) is simply not a candidate.
@@ -223,6 +231,18 @@ class Search:
         scored = Scored(cand, float(res.iteration_ms), not over, over, None, origin)
         self.cache[cand] = scored
         return scored
+
+    def _timer(self, cand: PlanShape) -> Callable[[], float]:
+        """The simulated iteration of ``cand`` (infinite where the schedule cannot run
+        it), for a plan that overflows whose time is asked."""
+
+        def iteration_ms() -> float:
+            try:
+                return float(simulate_shape(self.profile, self.topology, cand).iteration_ms)
+            except InputError:
+                return math.inf
+
+        return iteration_ms
 
     def result_of(self, scored: Scored) -> SimResult:
         """The simulation of ``scored`` (which runs): its own where it holds one, else
