@@ -51,6 +51,8 @@ How it is computed (one concept per module):
 * ``in_order``: the fixed-order pass that gives the event engine's numbers, bit for bit,
   over a topology without all-reduces (several times faster for long no-flush streams);
 * ``shapes``: compiled programs per schedule shape, and the bounded cache of them;
+* ``fold``: identical data-parallel replicas run once (replica 0, every other device its
+  counterpart's numbers; solver runs without events), the same numbers bit for bit;
 * ``totals``: peaks and busy times, which follow from program order alone;
 * ``timing``: :func:`simulate_schedule` (tables, shape, engine, result; its ``engine=``
   option picks the engine); ``order_search``: :func:`optimized_schedule`, the search of

@@ -147,13 +147,23 @@ def group_transfer(
 
         group_transfer(topology, ("gpu0", "gpu1"), ("gpu4", "gpu5"), 2**20)
     """
-    use, latency = _group_route(topology, tuple(sources), tuple(targets))
+    key = (tuple(sources), tuple(targets))
+    use, latency = _group_route(topology, *key)
     wire = 0.0
     if nbytes:
-        wire = max(
-            (n * nbytes / topology.link_bandwidth(*hop) * 1e3 for hop, n in use.items()),
-            default=0.0,
-        )
+        per = _GROUP_WIRES.get(topology)
+        if per is None:
+            per = _GROUP_WIRES[topology] = {}
+        found = per.get((*key, nbytes))
+        if found is None:
+            found = max(
+                (n * nbytes / topology.link_bandwidth(*hop) * 1e3 for hop, n in use.items()),
+                default=0.0,
+            )
+            if len(per) >= _MAX_GROUP_ROUTES:
+                per.clear()
+            per[(*key, nbytes)] = found
+        wire = found
     return list(use), latency, wire
 
 
@@ -165,6 +175,10 @@ _GROUP_ROUTES: weakref.WeakKeyDictionary[
     Topology, dict[tuple[tuple[str, ...], tuple[str, ...]], _GroupRoute]
 ] = weakref.WeakKeyDictionary()
 _MAX_GROUP_ROUTES = 1 << 16
+# Their wire times per pair of groups and bytes (the bandwidths are the topology's: fixed).
+_GROUP_WIRES: weakref.WeakKeyDictionary[
+    Topology, dict[tuple[tuple[str, ...], tuple[str, ...], int], float]
+] = weakref.WeakKeyDictionary()
 
 
 def _group_route(

@@ -60,6 +60,7 @@ def simulate(
     validate: bool = True,
     memory_limits: Mapping[str, int] | None = None,
     engine: Engine = "auto",
+    over_limit: bool = False,
 ) -> SimResult:
     """Simulate one iteration of ``stages`` under ``schedule``.
 
@@ -106,7 +107,7 @@ def simulate(
         if validate:
             validate_schedule(sched, stages)
     check_fp16_schedule(profile.precision, sched.name, sched.flush)
-    result = _time(profile, topology, stages, sched, mbs, step_ms, events, engine)
+    result = _time(profile, topology, stages, sched, mbs, step_ms, events, engine, over_limit)
     result.lower_bound_ms = lower_bound_ms(
         profile,
         topology,
@@ -122,10 +123,14 @@ def simulate(
     return result
 
 
-def simulate_shape(profile: Profile, topology: Topology | None, shape: PlanShape) -> SimResult:
+def simulate_shape(
+    profile: Profile, topology: Topology | None, shape: PlanShape, *, over_limit: bool = False
+) -> SimResult:
     """:func:`simulate` of a :class:`~planner.shape.PlanShape` without events: the inner
     loop of the solver and of the tuned peers. Raises InputError when the schedule cannot
-    run that shape.
+    run that shape; with ``over_limit``, :class:`~planner.simulate.timing.OverLimit` (every
+    device's peak memory) where a device's memory is exceeded, before any time is worked
+    out.
 
     Example::
 
@@ -140,6 +145,7 @@ def simulate_shape(profile: Profile, topology: Topology | None, shape: PlanShape
         microbatch_size=shape.microbatch_size,
         virtual_stages=shape.virtual_stages,
         events=False,
+        over_limit=over_limit,
     )
 
 
@@ -186,9 +192,12 @@ def _time(
     step_ms: float | Sequence[float] | None,
     events: bool,
     engine: Engine,
+    over_limit: bool = False,
 ) -> SimResult:
     """Time ``sched``; a no-flush schedule as the average iteration of a stream of
-    :data:`STREAM_ITERATIONS` (one fill and drain), whose events show the whole stream."""
+    :data:`STREAM_ITERATIONS` (one fill and drain), whose events show the whole stream.
+    ``over_limit``: :class:`~planner.simulate.timing.OverLimit` instead where a device's
+    memory is exceeded."""
     timed = as_stream(sched, stages, STREAM_ITERATIONS)
     if timed is None:
         return simulate_schedule(
@@ -200,6 +209,7 @@ def _time(
             step_ms=step_ms,
             events=events,
             engine=engine,
+            over_limit=over_limit,
         )
     result = simulate_schedule(
         profile,
@@ -210,6 +220,7 @@ def _time(
         step_ms=step_ms,
         events=events,
         engine=engine,
+        over_limit=over_limit,
     )
     k = STREAM_ITERATIONS
     result.iteration_ms = result.makespan_ms / k

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 from planner.schedule import Schedule
+from planner.simulate.fold import Fold, fold_programs
 from planner.simulate.in_order import Order, reference_order
 from planner.simulate.links import send_ways
 from planner.simulate.program import LAST_COMPUTE, STEP, Program, compile_programs
@@ -51,6 +52,17 @@ class CompiledShape:
         self._order: Order | None = None
         self._no_order = False
         self._ways: list[int] | None = None
+        self._fold: Fold | None = None
+        self._no_fold = False
+
+    def fold(self, stages: Sequence[StageSpec], devices: list[str]) -> Fold | None:
+        """Replica 0's programs where every replica's are its own shifted
+        (:func:`planner.simulate.fold.fold_programs`), worked out on first use; ``stages``
+        and ``devices`` are the ones the programs were compiled for."""
+        if self._fold is None and not self._no_fold:
+            self._fold = fold_programs(self.programs, stages, devices)
+            self._no_fold = self._fold is None
+        return self._fold
 
     def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
         """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`),

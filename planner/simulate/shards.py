@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from planner.cost import (
     stage_memory_bytes,
@@ -69,6 +69,12 @@ def forget_views() -> None:
         forget_views()
     """
     _VIEWS.clear()
+    for forget in FORGOTTEN:
+        forget()
+
+
+# Other caches of what a profile holds, dropped with the views (planner.simulate.tables).
+FORGOTTEN: list[Callable[[], None]] = []
 
 
 def shard_view(profile: Profile, stage: StageSpec) -> Profile:

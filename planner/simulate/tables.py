@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.cost import (
     boundary_bytes,
@@ -43,6 +43,7 @@ from planner.schedule.groups import group_of_leader, is_grouped, leader_stages
 from planner.simulate.group_comm import gather_ms, pass_collective_ms, replica_sync_ms
 from planner.simulate.program import ALLREDUCE, GATHER, SLOTS, STEP, devices_of
 from planner.simulate.shards import (
+    FORGOTTEN,
     gathered_bytes,
     member_static_bytes,
     shard_view,
@@ -130,6 +131,28 @@ def compute_times(
         times, cut = compute_times(profile, None, stages, 4)
         times[(0, "gpu0")]     # (forward, backward, input grad, weight grad) ms
     """
+    key = (id(profile), id(topology), tuple(stages), microbatch_size)
+    found = _TIMES.get(key)
+    if found is not None and found[0] is profile and found[1] is topology:
+        return dict(found[2]), list(found[3])
+    times, cut = _compute_times(profile, topology, stages, microbatch_size)
+    _TIMES.clear()  # one entry: the tables and the lower bound of one simulation share it
+    _TIMES[key] = (profile, topology, times, cut)
+    return dict(times), list(cut)
+
+
+# compute_times' last answer, until the next simulate() starts (shards.forget_views).
+_TIMES: dict[tuple[Any, ...], tuple[Profile, Topology | None, ComputeTimes, list[int]]] = {}
+FORGOTTEN.append(_TIMES.clear)
+
+
+def _compute_times(
+    profile: Profile,
+    topology: Topology | None,
+    stages: Sequence[StageSpec],
+    microbatch_size: int,
+) -> tuple[ComputeTimes, list[int]]:
+    """:func:`compute_times`, worked out."""
     times = {}
     for st in stages:
         if st.tensor_parallel > 1:

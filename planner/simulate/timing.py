@@ -16,8 +16,10 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
 
@@ -27,9 +29,10 @@ from planner.schedule import Schedule
 from planner.schedule.groups import is_grouped, leader_stages
 from planner.schedule.tied import defer_tied_steps
 from planner.simulate.events import EventEngine
+from planner.simulate.fold import has_cross_ties, symmetric
 from planner.simulate.grouped import leader_schedule, with_members
 from planner.simulate.in_order import run_in_order
-from planner.simulate.links import link_queues
+from planner.simulate.links import LinkQueues, link_queues
 from planner.simulate.program import gather_first_forwards
 from planner.simulate.result import EngineOutput, SimResult, bubble
 from planner.simulate.shapes import SHAPES, CompiledShape
@@ -41,7 +44,7 @@ from planner.stages import StageSpec
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["ENGINES", "Engine", "pausing_gc", "simulate_schedule"]
+__all__ = ["ENGINES", "Engine", "OverLimit", "check_memory", "pausing_gc", "simulate_schedule"]
 
 Engine = Literal["auto", "events", "in_order"]
 ENGINES: tuple[str, ...] = get_args(Engine)
@@ -88,8 +91,13 @@ def simulate_schedule(
     step_ms: float | Sequence[float] | None = None,
     events: bool = True,
     engine: Engine = "auto",
+    over_limit: bool = False,
 ) -> SimResult:
     """Time an explicit schedule (no validation, no lower bound).
+
+    ``over_limit``: where a device's peak memory (which follows from the program order
+    alone) exceeds its memory in ``topology``, raise :class:`OverLimit` with every
+    device's peak instead of timing it (the solver's plans that cannot fit).
 
     ``events=False`` skips the event lists and memory curves (for solver loops);
     ``engine`` picks how the times are computed (see the module's description). A
@@ -116,14 +124,70 @@ def simulate_schedule(
     tables = stage_tables(profile, topology, stages, run_schedule, microbatch_size, step_ms)
     total_mb = schedule.num_microbatches * schedule.iterations
     shape = SHAPES.get(run_schedule, run_stages, tables.devices, total_mb)
+    if over_limit and topology is not None:
+        check_memory(shape, tables, topology, schedule.num_microbatches)
+    if not events and engine != "in_order":
+        once = _run_folded(shape, run_stages, tables, topology, schedule.num_microbatches, total_mb)
+        if once is not None:
+            result = _result(*once, topology, stages, schedule, microbatch_size, events)
+            return result if run_stages is stages else with_members(result, stages, topology)
     if tables.gathering:
         programs = gather_first_forwards(
             shape.programs, tables.gathering, schedule.num_microbatches
         )
         shape = CompiledShape(programs)
     run = _run_engine(engine, shape, tables, topology, total_mb, record=events)
-    result = _result(run, shape, tables, topology, stages, schedule, microbatch_size, events)
+    static = [tables.static[d] for d in tables.devices]
+    peaks, busy = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
+    result = _result(run, peaks, busy, tables, topology, stages, schedule, microbatch_size, events)
     return result if run_stages is stages else with_members(result, stages, topology)
+
+
+class OverLimit(Exception):  # noqa: N818 (an outcome the solver asks for, not an error)
+    """A device's peak memory exceeds its memory (:func:`simulate_schedule`'s
+    ``over_limit``): ``memory`` holds every device's peak, as the result would.
+
+    Example::
+
+        try:
+            simulate_shape(profile, topology, shape, over_limit=True)
+        except OverLimit as over:
+            over.memory["gpu0"]
+    """
+
+    def __init__(self, memory: dict[str, int]) -> None:
+        super().__init__("a device's memory is exceeded")
+        self.memory = memory
+
+
+def check_memory(
+    shape: CompiledShape, tables: StageTables, topology: Topology, num_microbatches: int
+) -> None:
+    """Raise :class:`OverLimit` where a device's peak memory exceeds its memory (every
+    member of a tensor-parallel group holds its leader's), unless a duration is not finite
+    (then the time could be infinite: the caller simulates it all).
+
+    Example::
+
+        check_memory(shape, tables, topology, 8)
+    """
+    if tables.gathering:
+        programs = gather_first_forwards(shape.programs, tables.gathering, num_microbatches)
+        shape = CompiledShape(programs)
+    static = [tables.static[d] for d in tables.devices]
+    peaks, _ = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
+    members = tables.groups
+    memory = {
+        m: int(peak)
+        for d, peak in zip(tables.devices, peaks, strict=True)
+        for m in members.get(d, (d,))
+    }
+    device = topology.device
+    if all(b <= device(d).memory_bytes for d, b in memory.items()):
+        return
+    if not all(math.isfinite(x) for row in tables.durations for x in row):
+        return
+    raise OverLimit(memory)
 
 
 def with_deferred_steps(
@@ -200,19 +264,48 @@ def run_events(
 
         run_events(shape, tables, None, 8, record=True).clock
     """
-    num_keys = 2 * len(tables.replicas) * total_mb
-    programs = shape.programs
     links = None
     if topology is not None:
-        ref_durations = reference_durations(tables, topology)
-        ref = EventEngine(programs, ref_durations, tables, num_keys, links=None, record=False)
-        sends: list[int] = []
-        ref.sends = sends  # the reference run lists its sends in the order they run
-        ref.run()
-        ways = shape.ways(num_keys, total_mb, len(tables.replicas))
-        links = link_queues(
-            topology, tables.devices, tables.cut, ways, sends, ref.arrival, tables.groups
-        )
+        links, _ = reference_links(shape, tables, topology, total_mb)
+    return _run_linked(shape, tables, links, total_mb, record=record, start_at_send=start_at_send)
+
+
+def reference_links(
+    shape: CompiledShape, tables: StageTables, topology: Topology, total_mb: int
+) -> tuple[LinkQueues, list[float]]:
+    """The links' queues from the reference run (the event engine with free communication
+    over the reference durations), and when each transfer's data was ready there.
+
+    Example::
+
+        links, ready = reference_links(shape, tables, topology, 8)
+    """
+    num_keys = 2 * len(tables.replicas) * total_mb
+    ref_durations = reference_durations(tables, topology)
+    ref = EventEngine(shape.programs, ref_durations, tables, num_keys, links=None, record=False)
+    sends: list[int] = []
+    ref.sends = sends  # the reference run lists its sends in the order they run
+    ref.run()
+    ways = shape.ways(num_keys, total_mb, len(tables.replicas))
+    links = link_queues(
+        topology, tables.devices, tables.cut, ways, sends, ref.arrival, tables.groups
+    )
+    return links, ref.arrival
+
+
+def _run_linked(
+    shape: CompiledShape,
+    tables: StageTables,
+    links: LinkQueues | None,
+    total_mb: int,
+    *,
+    record: bool,
+    start_at_send: bool = True,
+) -> EngineOutput:
+    """The event engine's run over ``links`` (None: free communication); an InputError
+    naming where each device waits if it deadlocks."""
+    num_keys = 2 * len(tables.replicas) * total_mb
+    programs = shape.programs
     engine = EventEngine(
         programs,
         tables.durations,
@@ -229,9 +322,57 @@ def run_events(
     return engine.output()
 
 
+def _run_folded(
+    shape: CompiledShape,
+    run_stages: Sequence[StageSpec],
+    tables: StageTables,
+    topology: Topology | None,
+    num_microbatches: int,
+    total_mb: int,
+) -> tuple[EngineOutput, list[int], list[float], StageTables] | None:
+    """The event engine's run of replica 0 alone where the replicas are identical
+    (:mod:`planner.simulate.fold`), with every device's peak and busy time (its
+    counterpart's); None where they are not, or where a link queue holds a tie that the
+    other replicas could order.
+
+    Example::
+
+        run, peaks, busy, tables = _run_folded(shape, stages, tables, topology, 8, 8)
+    """
+    fold = shape.fold(run_stages, tables.devices)
+    if fold is None or not symmetric(fold, tables, topology, shape.programs, total_mb):
+        return None
+    kept = fold.kept
+    position = {i: p for p, i in enumerate(kept)}
+    small = dataclasses.replace(
+        tables,
+        devices=[tables.devices[i] for i in kept],
+        durations=[tables.durations[i] for i in kept],
+        replicas=[1] * len(tables.replicas),  # each all-reduce's replicas are alike
+        reference={
+            (position[i], slot): ms for (i, slot), ms in tables.reference.items() if i in position
+        },
+    )
+    once = CompiledShape(fold.programs) if fold.compiled is None else fold.compiled
+    fold.compiled = once
+    if tables.gathering:
+        gathered = gather_first_forwards(once.programs, tables.gathering, num_microbatches)
+        once = CompiledShape(gathered)
+    links = None
+    if topology is not None:
+        links, ready = reference_links(once, small, topology, total_mb)
+        if fold.late_sends and has_cross_ties(links, ready):
+            return None
+    run = _run_linked(once, small, links, total_mb, record=False)
+    static = [small.static[d] for d in small.devices]
+    peaks, busy = program_totals(once.work, small.durations, small.grows, small.shrinks, static)
+    return run, fold.spread(peaks), fold.spread(busy), tables
+
+
 def _result(
     run: EngineOutput,
-    shape: CompiledShape,
+    peak_list: list[int],
+    busy: list[float],
     tables: StageTables,
     topology: Topology | None,
     stages: Sequence[StageSpec],
@@ -239,14 +380,11 @@ def _result(
     microbatch_size: int,
     record: bool,
 ) -> SimResult:
-    """The :class:`SimResult` of an engine's run (no lower bound yet)."""
+    """The :class:`SimResult` of an engine's run (no lower bound yet), with each device's
+    peak memory and busy time (:func:`~planner.simulate.totals.program_totals`)."""
     devices = tables.devices
     makespan = max(run.clock, default=0.0)
     makespan = max(makespan, max(run.link_free, default=0.0))
-    static = [tables.static[d] for d in devices]
-    peak_list, busy = program_totals(
-        shape.work, tables.durations, tables.grows, tables.shrinks, static
-    )
     timeline: dict[str, list[tuple[float, int]]] = {}
     if record:
         for i, d in enumerate(devices):

@@ -110,7 +110,7 @@ def solve(
             f"stopped in {search.cut}); expected more time",
             field="--time-limit",
         )
-    if not final or not min(final, key=Scored.key).fits:
+    if not any(x.fits for x in final):  # as min(final, key=Scored.key).fits
         if not any(x.fits for x in own):
             raise nothing_fits(profile, topology, settings)
         raise schedule_does_not_fit(schedule)

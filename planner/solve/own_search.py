@@ -102,7 +102,7 @@ def own_search(
         scored = exhaustive(search, primary, settings)
     else:
         scored = _candidate_search(search, settings, schedules, primary)
-    if not scored or not min(scored, key=Scored.key).fits:
+    if not any(x.fits for x in scored):  # as min(scored, key=Scored.key).fits
         return scored
     best = min(scored, key=Scored.key)
     scored.extend(other_schedules(search, best, schedules))

@@ -434,7 +434,7 @@ def settle(search: Search, config: PeerConfig) -> tuple[PeerConfig, Scored]:
     """
     origin = f"peer {config.peer}"
     plain = search.simulate_as_given(config.shape, origin)
-    if plain.fits or math.isinf(plain.iteration_ms):
+    if plain.fits or plain.infinite():
         return config, plain
     checkpointed = config.checkpointed()
     got = search.simulate_as_given(checkpointed.shape, origin)

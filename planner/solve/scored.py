@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,46 @@ from planner.stages import SHARDINGS
 if TYPE_CHECKING:
     from planner.simulate.result import SimResult
 
-__all__ = ["Scored", "stage_key", "tie_text"]
+__all__ = ["LaterTime", "Scored", "stage_key", "tie_text"]
+
+
+class LaterTime:
+    """The rounded time per sample of a plan that overflows, in :meth:`Scored.key`:
+    simulated only where two such plans are compared (a plan that fits sorts before it on
+    the key's first entry).
+
+    Example::
+
+        LaterTime(scored) < 2.5    # simulates scored, then compares its rounded time
+    """
+
+    __slots__ = ("scored",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, scored: Scored) -> None:
+        self.scored = scored
+
+    def value(self) -> float:
+        return round(self.scored.per_sample_ms, 9)
+
+    def __eq__(self, other: object) -> bool:
+        return self.value() == _value(other)
+
+    def __lt__(self, other: object) -> bool:
+        return self.value() < _value(other)
+
+    def __le__(self, other: object) -> bool:
+        return self.value() <= _value(other)
+
+    def __gt__(self, other: object) -> bool:
+        return self.value() > _value(other)
+
+    def __ge__(self, other: object) -> bool:
+        return self.value() >= _value(other)
+
+
+def _value(x: object) -> Any:
+    return x.value() if isinstance(x, LaterTime) else x
 
 
 def stage_key(shape: PlanShape) -> tuple[tuple[Any, ...], ...]:
@@ -78,26 +119,52 @@ def tie_text(shape: PlanShape) -> str:
 
 @dataclass
 class Scored:
-    """A simulated plan shape: its time, whether every device fits, its memory peaks, the
-    simulation (None where the schedule cannot run the shape) and who proposed it."""
+    """A simulated plan shape: its time, whether every device fits, its memory peaks (of
+    the devices that overflow, where it does not fit), the simulation (None: not kept, or
+    the schedule cannot run the shape, ``runs`` False) and who proposed it.
+
+    The search keeps no simulation (a thousand devices' maps and a schedule of thousands
+    of microbatches each): :meth:`planner.solve.search.Search.result_of` simulates a plan
+    again where its result is needed, the same numbers.
+    """
 
     shape: PlanShape
-    iteration_ms: float
+    _iteration_ms: float
     fits: bool
     memory: dict[str, int]
     result: SimResult | None
     origin: str
+    runs: bool = True
+    # A plan that overflows is simulated as far as its memory (which needs no times); its
+    # time, where anything asks, by this (then forgotten). Its time is finite.
+    later: Callable[[], float] | None = None
+
+    @property
+    def iteration_ms(self) -> float:
+        """The simulated iteration (worked out on first use for a plan that overflows)."""
+        if self.later is not None:
+            self._iteration_ms, self.later = self.later(), None
+        return self._iteration_ms
+
+    @iteration_ms.setter
+    def iteration_ms(self, value: float) -> None:
+        self._iteration_ms, self.later = value, None
 
     @property
     def per_sample_ms(self) -> float:
         return self.iteration_ms / self.shape.samples
+
+    def infinite(self) -> bool:
+        """Whether the time is infinite (a shape the schedule cannot run), without
+        simulating a plan that overflows (its time is finite)."""
+        return self.later is None and math.isinf(self._iteration_ms)
 
     def key(self) -> tuple[Any, ...]:
         # Fit first, then speed; then fewer devices, then the plan itself, for determinism.
         sched = self.shape.schedule
         return (
             not self.fits,
-            round(self.per_sample_ms, 9),
+            LaterTime(self) if self.later is not None else round(self.per_sample_ms, 9),
             self.shape.devices_used,
             AUTO_SCHEDULES.index(sched) if sched in AUTO_SCHEDULES else 9,
             tie_text(self.shape),

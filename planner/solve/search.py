@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +33,20 @@ from planner.plan_parts import IlpInfo
 from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
+from planner.simulate.timing import OverLimit
 from planner.solve.bounds import overflows_memory, search_bound_ms
 from planner.solve.memory import fix_recompute, recompute_units, with_recompute
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
 
 if TYPE_CHECKING:
+    from planner.simulate.result import SimResult
     from planner.topology import Topology
 
-__all__ = ["Search", "TimeUp", "make_shape"]
+__all__ = ["KEPT_RESULTS", "Search", "TimeUp", "make_shape"]
+
+# How many simulations Search.result_of keeps (the plan chosen, the fastest, their bands).
+KEPT_RESULTS = 4
 
 
 class TimeUp(Exception):  # noqa: N818 (an event, not an error: the search stops on it)
@@ -95,6 +100,8 @@ class Search:
     # What the search over tensor parallelism and sharding works out once per solve (layer
     # costs per mesh, cuts per stage groups: planner.solve.mesh), keyed by what it is.
     notes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    # The simulations :meth:`result_of` ran again, the last KEPT_RESULTS of them.
+    results: dict[PlanShape, SimResult] = field(default_factory=dict)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
@@ -145,7 +152,7 @@ class Search:
         if hit is not None:
             return hit
         scored = self.simulate_as_given(cand, origin)
-        if not scored.fits and scored.result is not None:
+        if not scored.fits and scored.runs:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
             flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
             retry = self.simulate_as_given(with_recompute(self.profile, cand, flags), origin)
@@ -205,18 +212,57 @@ class Search:
         self.check_clock(origin)
         self.sims += 1
         try:
-            res = simulate_shape(self.profile, self.topology, cand)
+            res = simulate_shape(self.profile, self.topology, cand, over_limit=True)
+        except OverLimit as exc:
+            # Memory alone settles that it does not fit; its time only where it is asked.
+            device = self.topology.device
+            over = {d: b for d, b in exc.memory.items() if b > device(d).memory_bytes}
+            scored = Scored(cand, math.nan, False, over, None, origin, later=self._timer(cand))
+            self.cache[cand] = scored
+            return scored
         except InputError:
             # A schedule that cannot run this shape (e.g. interleaved with too few
             # microbatches) is simply not a candidate.
-            scored = Scored(cand, math.inf, False, {}, None, origin)
+            scored = Scored(cand, math.inf, False, {}, None, origin, runs=False)
             self.cache[cand] = scored
             return scored
-        memory = {d: int(b) for d, b in res.memory_bytes.items()}
-        fits = all(b <= self.topology.device(d).memory_bytes for d, b in memory.items())
-        scored = Scored(cand, float(res.iteration_ms), fits, memory, res, origin)
+        device = self.topology.device
+        over = {d: int(b) for d, b in res.memory_bytes.items() if b > device(d).memory_bytes}
+        # Only what the search reads: the time, the fit, the devices that overflow.
+        scored = Scored(cand, float(res.iteration_ms), not over, over, None, origin)
         self.cache[cand] = scored
         return scored
+
+    def _timer(self, cand: PlanShape) -> Callable[[], float]:
+        """The simulated iteration of ``cand`` (infinite where the schedule cannot run
+        it), for a plan that overflows whose time is asked."""
+
+        def iteration_ms() -> float:
+            try:
+                return float(simulate_shape(self.profile, self.topology, cand).iteration_ms)
+            except InputError:
+                return math.inf
+
+        return iteration_ms
+
+    def result_of(self, scored: Scored) -> SimResult:
+        """The simulation of ``scored`` (which runs): its own where it holds one, else
+        simulated again (the same numbers; not counted in :attr:`sims`), the last few
+        remembered.
+
+        Example::
+
+            search.result_of(best).bubble_fraction
+        """
+        if scored.result is not None:
+            return scored.result
+        hit = self.results.get(scored.shape)
+        if hit is None:
+            hit = simulate_shape(self.profile, self.topology, scored.shape)
+            self.results[scored.shape] = hit
+            while len(self.results) > KEPT_RESULTS:
+                del self.results[next(iter(self.results))]
+        return hit
 
 
 def make_shape(

@@ -122,9 +122,8 @@ def choose_plan(pool: Sequence[Scored], search: Search) -> Choice:
     if not fitting:
         raise ValueError("no plan in the pool fits")
     fastest = min(fitting, key=Scored.key)
-    assert fastest.result is not None  # a plan that fits was simulated
     stages = list(fastest.shape.stages)
-    band = prediction_band(search.profile, search.topology, stages, fastest.result)
+    band = prediction_band(search.profile, search.topology, stages, search.result_of(fastest))
     tolerance = tie_tolerance(search.profile, band, fastest.iteration_ms)
     limit = fastest.per_sample_ms * (1.0 + tolerance)
     # The same rounding as Scored.key, so the anchor is always its own tie.
@@ -132,6 +131,6 @@ def choose_plan(pool: Sequence[Scored], search: Search) -> Choice:
     best = min(ties, key=preference)
     own = band
     if best is not fastest:
-        assert best.result is not None
-        own = prediction_band(search.profile, search.topology, list(best.shape.stages), best.result)
+        result = search.result_of(best)
+        own = prediction_band(search.profile, search.topology, list(best.shape.stages), result)
     return Choice(best, own, fastest, band, len({x.shape for x in ties}), tolerance)

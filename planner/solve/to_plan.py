@@ -105,10 +105,9 @@ def to_plan(
     best = choice.best
     c = best.shape
     topo = search.topology
-    assert best.result is not None  # the plan found was simulated
     lb = global_lower_bound_ms(search.profile, topo, c.microbatch_size, c.num_microbatches)
     return plan_from_simulation(
-        best.result,
+        search.result_of(best),
         list(c.stages),
         profile=_file_ref(profile_path, search.profile.to_dict()),
         topology=_file_ref(topology_path, topo.to_dict()),

@@ -1,0 +1,175 @@
+"""Identical data-parallel replicas simulated once (planner.simulate.fold): the folded run
+gives every number the full run gives, bit for bit, and is used only where the replicas
+are identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.cost import synthetic_profile, synthetic_tensor_parallel
+from planner.profile import load_profile
+from planner.shape import PlanShape
+from planner.simulate import simulate_shape, timing
+from planner.stages import StageSpec
+from planner.topology import Topology, load_topology, topology_from_dict
+from planner.topology.cluster import cluster_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = (
+    "iteration_ms",
+    "makespan_ms",
+    "memory_bytes",
+    "busy_ms",
+    "bubble_fraction",
+    "lower_bound_ms",
+    "static_bytes",
+    "step_ms",
+    "memory_limit_bytes",
+    "groups",
+    "device_names",
+)
+
+
+def _cluster(nodes: int) -> Topology:
+    return topology_from_dict(cluster_dict("dgx-h100", nodes, network="fat-tree"), "<dgx>")
+
+
+def _tp_profile() -> Any:
+    base = synthetic_profile(
+        8, output_bytes=2**22, param_bytes=2**22, saved_bytes=2**20, optimizer_state_bytes=2**23
+    )
+    return synthetic_tensor_parallel(base, (2, 4))
+
+
+def _shape(
+    groups: list[list[str]],
+    schedule: str,
+    m: int,
+    *,
+    tp: int = 1,
+    sharding: str = "none",
+    virtual: int = 1,
+    layers: int = 8,
+    mb: int = 1,
+) -> PlanShape:
+    """``len(groups) * virtual`` stages of equal layers, chunk ``c`` on ``groups[c % p]``."""
+    chunks = len(groups) * virtual
+    per = layers // chunks
+    stages = tuple(
+        StageSpec(
+            c,
+            (c * per, layers - 1 if c == chunks - 1 else (c + 1) * per - 1),
+            tuple(groups[c % len(groups)]),
+            tensor_parallel=tp,
+            sharding=sharding,
+        )
+        for c in range(chunks)
+    )
+    return PlanShape(stages, schedule, mb, m, virtual)
+
+
+def _both(profile: Any, topo: Topology | None, shape: PlanShape) -> tuple[Any, Any, bool]:
+    """The folded run (if it applies), the full one, and whether it folded."""
+    used = []
+    fold = timing._run_folded
+
+    def spy(*args: Any) -> Any:
+        got = fold(*args)
+        used.append(got is not None)
+        return got
+
+    timing._run_folded = spy  # type: ignore[assignment]
+    try:
+        once = simulate_shape(profile, topo, shape)
+        timing._run_folded = lambda *args: None
+        full = simulate_shape(profile, topo, shape)
+    finally:
+        timing._run_folded = fold
+    return once, full, any(used)
+
+
+def _same(a: Any, b: Any) -> None:
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x == y, name
+        if isinstance(x, dict):
+            assert list(x) == list(y), name
+
+
+def _names(n: int) -> list[str]:
+    return [f"gpu{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "virtual"), [("1f1b", 1), ("gpipe", 1), ("zb", 1), ("2bw", 1), ("interleaved", 2)]
+)
+def test_replicated_pipelines_fold_to_the_same_numbers(schedule: str, virtual: int) -> None:
+    profile = load_profile(ROOT / "profiles" / "gpt.json")
+    topo = _cluster(2)
+    names = _names(16)
+    for depth, r in ((2, 8), (4, 4), (8, 2)):
+        # Pipe-major (replicas together) and replica-major (stages together).
+        for groups in (
+            [names[k * r : (k + 1) * r] for k in range(depth)],
+            [names[k::depth] for k in range(depth)],
+        ):
+            layers = profile.num_layers
+            if depth * virtual > layers:
+                continue
+            shape = _shape(groups, schedule, 4 * r, virtual=virtual, layers=layers)
+            once, full, folded = _both(profile, topo, shape)
+            assert folded
+            _same(once, full)
+
+
+@pytest.mark.parametrize("sharding", ["none", "zero1", "fsdp"])
+def test_tensor_parallel_groups_fold_with_sharding(sharding: str) -> None:
+    profile = _tp_profile()
+    topo = _cluster(2)
+    names = _names(16)
+    for tp in (2, 4):
+        r = 16 // (2 * tp)
+        groups = [names[k * r * tp : (k + 1) * r * tp] for k in range(2)]
+        shape = _shape(groups, "1f1b", 2 * r, tp=tp, sharding=sharding)
+        once, full, folded = _both(profile, topo, shape)
+        assert folded
+        _same(once, full)
+
+
+def test_free_communication_folds() -> None:
+    profile = load_profile(ROOT / "profiles" / "mlp.json")
+    names = _names(4)
+    shape = _shape([names[:2], names[2:]], "1f1b", 8, layers=profile.num_layers, mb=8)
+    once, full, folded = _both(profile, None, shape)
+    assert folded
+    _same(once, full)
+
+
+@pytest.mark.parametrize("topology", ["hetero.yaml", "nvlink-pairs.yaml", "two-node-ib.yaml"])
+def test_unlike_replicas_are_simulated_in_full(topology: str) -> None:
+    """Devices of other speeds or shared links: the full run, or the same numbers."""
+    profile = load_profile(ROOT / "profiles" / "mlp.json")
+    topo = load_topology(ROOT / "topologies" / topology)
+    names = topo.device_names()
+    half = len(names) // 2
+    for groups in ([names[:half], names[half:]], [names[0::2], names[1::2]]):
+        shape = _shape(groups, "1f1b", 4 * half, layers=profile.num_layers, mb=8)
+        once, full, _ = _both(profile, topo, shape)
+        _same(once, full)
+
+
+def test_unequal_replicas_do_not_fold() -> None:
+    profile = load_profile(ROOT / "profiles" / "mlp.json")
+    names = _names(6)
+    layers = profile.num_layers
+    stages = (
+        StageSpec(0, (0, layers // 2 - 1), tuple(names[:4])),
+        StageSpec(1, (layers // 2, layers - 1), tuple(names[4:])),
+    )
+    shape = PlanShape(stages, "1f1b", 8, 8, 1)
+    once, full, folded = _both(profile, _cluster(1), shape)
+    assert not folded
+    _same(once, full)
