@@ -5,8 +5,9 @@ For each example model (``examples/*.py``; the Hugging Face ones where transform
 installed; not ``gpt_large``, a GPU model) a profile is measured just before, as a user
 would, co-located as the run will be (``--colocate 2``: two processes on this host,
 :mod:`planner.profile.colocation`; ``--alone``: one process, for comparison), at the
-model's microbatch sizes below. On a 2-process version of ``topologies/cpu.yaml`` (one
-process per core of the 2-core development VM, one thread each, as profiled) it is then
+model's microbatch sizes below. On ``topologies/cpu.yaml`` (two processes, one per core of
+the 2-core development VM, one thread each, as profiled; its message overhead included) it
+is then
 planned six ways, 8 microbatches each:
 
 - ``solved``: ``solve --schedule auto`` (what a user gets);
@@ -57,16 +58,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CPU2 = """schema: pipeplan.topology/v1
-name: cpu-local-2
-allreduce_efficiency: 0.2
-devices:
-  - {name: "cpu{0..1}", memory: 4 GiB, speed: 1.0, host: localhost, kind: cpu}
-switches:
-  - {name: loopback, kind: loopback}
-links:
-  - {between: ["cpu{0..1}", loopback], bandwidth: 3 GB/s, latency: 35 us, kind: gloo-tcp}
-"""
+CPU2 = (ROOT / "topologies" / "cpu.yaml").read_text()
+"""The topology the plans are solved and run on: ``topologies/cpu.yaml`` itself (two
+processes, one per core; its ``message_overhead`` included), as ``pipeplan demo`` uses it."""
 # Microbatch sizes profiled per example: iterations of 0.1-1 s at 8 microbatches.
 SIZES = {
     "mlp": [16, 32, 64],
