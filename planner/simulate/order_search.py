@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from planner.cost import stage_memory_bytes, stage_times
+from planner.cost import stage_times
 from planner.errors import InputError
 from planner.schedule import Schedule, checked_virtual_stages, schedule_from_order
 from planner.schedule.order_family import family_order
@@ -143,19 +143,9 @@ class _OrderSearch:
         self.cache: dict[Depths, float] = {}
 
     def fits_stage(self, st: StageSpec, held: int) -> bool:
-        """Whether ``held`` microbatches' activations fit on the stage's devices."""
-        if st.is_plain:
-            need = stage_memory_bytes(
-                self.profile,
-                st.first,
-                st.last,
-                self.mbs,
-                held,
-                recompute=st.recompute,
-                recompute_layers=st.recompute_layers,
-            )
-        else:  # a member's shard, its sharded state, FSDP's gathered weights
-            need = member_memory_bytes(self.profile, st, self.mbs, held)
+        """Whether ``held`` microbatches' activations fit on the stage's devices (a member's
+        shard, its sharded state and FSDP's gathered weights where it has them)."""
+        need = member_memory_bytes(self.profile, st, self.mbs, held)
         return all(need <= self.limits.get(d, float("inf")) for d in st.devices)
 
     def fits(self, warm: Sequence[int], defer: Sequence[int] | None) -> bool:
