@@ -27,7 +27,14 @@ from planner.stages import StageSpec
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["fix_recompute", "in_flight", "recompute_units", "weight_versions", "with_recompute"]
+__all__ = [
+    "fix_recompute",
+    "held_per_replica",
+    "in_flight",
+    "recompute_units",
+    "weight_versions",
+    "with_recompute",
+]
 
 
 def in_flight(
@@ -55,6 +62,26 @@ def in_flight(
     return int(
         family(schedule).in_flight_microbatches(num_stages, stage, num_microbatches, rounds=rounds)
     )
+
+
+def held_per_replica(
+    schedule: str,
+    num_stages: int,
+    stage: int,
+    num_microbatches: int,
+    replicas: int,
+    virtual: int = 1,
+    rounds: int = 1,
+) -> int:
+    """Microbatches one replica of stage ``stage`` keeps stashed: :func:`in_flight`'s count
+    spread over its ``replicas`` (round robin), rounded up.
+
+    Example::
+
+        held_per_replica("gpipe", 4, 3, 8, replicas=3)   # 3: ceil(8 / 3)
+    """
+    total = in_flight(schedule, num_stages, stage, num_microbatches, virtual, rounds)
+    return -(-total // replicas)
 
 
 def weight_versions(schedule: str) -> int:
@@ -88,7 +115,7 @@ def fix_recompute(
     flags = []
     for k, ((a, b), devs) in enumerate(zip(ranges, devices, strict=True)):
         limit = min(topology.device(d).memory_bytes for d in devs) / virtual
-        held = -(-in_flight(schedule, s, k, num_microbatches, virtual, rounds) // len(devs))
+        held = held_per_replica(schedule, s, k, num_microbatches, len(devs), virtual, rounds)
         mem = stage_memory_bytes(profile, a, b, mb, held, weight_versions=weight_versions(schedule))
         flags.append(mem > limit)
     return tuple(flags)
@@ -120,7 +147,7 @@ def recompute_units(
         if not st.recompute:
             out.append(st)
             continue
-        held = -(-in_flight(schedule, count, k, num_microbatches, virtual, rounds) // st.replicas)
+        held = held_per_replica(schedule, count, k, num_microbatches, st.replicas, virtual, rounds)
         whole, each = st.with_recompute(True), st.with_recompute(True, layers=True)
         need_whole = member_memory_bytes(profile, whole, mb, held, weight_versions=versions)
         need_each = member_memory_bytes(profile, each, mb, held, weight_versions=versions)

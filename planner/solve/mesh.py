@@ -35,7 +35,7 @@ from planner.schedule.replicas import replica_round
 from planner.shape import PlanShape
 from planner.simulate.group_comm import pass_collective_ms
 from planner.simulate.shards import member_memory_bytes, shard_view
-from planner.solve.memory import in_flight, recompute_units, weight_versions
+from planner.solve.memory import held_per_replica, in_flight, recompute_units, weight_versions
 from planner.solve.search import Search
 from planner.stages import StageSpec
 
@@ -121,7 +121,7 @@ def mesh_recompute(
     for k, st in enumerate(stages):
         plain = st.with_recompute(False)
         limit = min(search.topology.device(d).memory_bytes for d in st.devices) / virtual
-        held = -(-in_flight(schedule, count, k, m, virtual, rounds) // st.replicas)
+        held = held_per_replica(schedule, count, k, m, st.replicas, virtual, rounds)
         need = member_memory_bytes(search.profile, plain, mb, held, weight_versions=versions)
         flags.append(need > limit)
     return tuple(flags)
