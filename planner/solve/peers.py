@@ -260,23 +260,30 @@ class Peer:
                 )
 
 
+# The peers that tune the same way with or without tensor-parallel entries in the profile.
+_DEEPSPEED = Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",))
+_TORCHGPIPE = Peer(
+    "torchgpipe",
+    ("balance_by_time",),
+    ("gpipe",),
+    layout="replica-major",
+    checkpoint_layers=False,
+)
+_TORCH_PIPELINING = Peer(
+    "torch.distributed.pipelining",
+    ("equal split",),
+    ("gpipe", "1f1b", "interleaved", "zb"),
+)
+_PIPEDREAM = Peer("PipeDream", ("pipedream",), ("1f1b",))
+_DATA_PARALLEL = Peer("data parallel", ("one stage",), ("1f1b",))
+
 PEERS: tuple[Peer, ...] = (
-    Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
-    Peer(
-        "torchgpipe",
-        ("balance_by_time",),
-        ("gpipe",),
-        layout="replica-major",
-        checkpoint_layers=False,
-    ),
+    _DEEPSPEED,
+    _TORCHGPIPE,
     Peer("Megatron-LM", ("equal layers",), ("1f1b", "interleaved")),
-    Peer(
-        "torch.distributed.pipelining",
-        ("equal split",),
-        ("gpipe", "1f1b", "interleaved", "zb"),
-    ),
-    Peer("PipeDream", ("pipedream",), ("1f1b",)),
-    Peer("data parallel", ("one stage",), ("1f1b",)),
+    _TORCH_PIPELINING,
+    _PIPEDREAM,
+    _DATA_PARALLEL,
 )
 
 
@@ -284,14 +291,8 @@ PEERS: tuple[Peer, ...] = (
 # the profiler's), Megatron-LM also tunes TP within a node, sequence parallelism and its
 # distributed optimizer (ZeRO-1), and three peers of sharded data parallelism join.
 TP_PEERS: tuple[Peer, ...] = (
-    Peer("DeepSpeed", ("uniform", "parameters"), ("1f1b",)),
-    Peer(
-        "torchgpipe",
-        ("balance_by_time",),
-        ("gpipe",),
-        layout="replica-major",
-        checkpoint_layers=False,
-    ),
+    _DEEPSPEED,
+    _TORCHGPIPE,
     Peer(
         "Megatron-LM",
         ("equal layers",),
@@ -300,11 +301,7 @@ TP_PEERS: tuple[Peer, ...] = (
         sequence_parallel=(False, True),
         shardings=("none", "zero1"),
     ),
-    Peer(
-        "torch.distributed.pipelining",
-        ("equal split",),
-        ("gpipe", "1f1b", "interleaved", "zb"),
-    ),
+    _TORCH_PIPELINING,
     Peer(
         "torchtitan",
         ("equal split",),
@@ -313,8 +310,8 @@ TP_PEERS: tuple[Peer, ...] = (
         sequence_parallel=(True, False),
         shardings=("fsdp", "none"),
     ),
-    Peer("PipeDream", ("pipedream",), ("1f1b",)),
-    Peer("data parallel", ("one stage",), ("1f1b",)),
+    _PIPEDREAM,
+    _DATA_PARALLEL,
     Peer("DeepSpeed ZeRO-3", ("one stage",), ("1f1b",), shardings=("fsdp",)),
     Peer("FSDP", ("one stage",), ("1f1b",), shardings=("fsdp",)),
 )
