@@ -207,13 +207,17 @@ class ContiguousInputGrads(nn.Module):
         return self.inner(*(contiguous_grad(a) for a in args))
 
 
-def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any], device_type: str) -> nn.Module:
-    """What a PipelineStage runs for ``stage``: recomputed where the plan says, under the
-    plan's autocast, its input gradients contiguous, and the last stage's Hugging Face
-    output reduced to its logits."""
+def as_planned(module: nn.Module, stage: int, cfg: dict[str, Any], device_type: str) -> nn.Module:
+    """``module`` recomputed where the plan says, under the plan's autocast (outside the
+    checkpoint), whichever split made it."""
     module = recomputed(module, cfg["stages"][stage])
-    if cfg["precision"] != "fp32":
-        module = Autocast(module, cfg, device_type)
+    return Autocast(module, cfg, device_type) if cfg["precision"] != "fp32" else module
+
+
+def stage_module(module: nn.Module, stage: int, cfg: dict[str, Any], device_type: str) -> nn.Module:
+    """What a PipelineStage runs for ``stage``: :func:`as_planned`, its input gradients
+    contiguous, and the last stage's Hugging Face output reduced to its logits."""
+    module = as_planned(module, stage, cfg, device_type)
     if stage > 0:
         module = ContiguousInputGrads(module)
     return Logits(module) if stage == len(cfg["stages"]) - 1 else module
@@ -297,9 +301,7 @@ def build_stages(
         assert pipe.num_stages == num_stages, f"torch split into {pipe.num_stages} stages"
         built = [pipe.build_stage(s, device, group) for s in local]
         for stage, s in zip(built, local, strict=True):  # torch's split returns tensors
-            stage.submod = recomputed(stage.submod, cfg["stages"][s])
-            if cfg["precision"] != "fp32":
-                stage.submod = Autocast(stage.submod, cfg, device.type)
+            stage.submod = as_planned(stage.submod, s, cfg, device.type)
         return built, [pipe.get_stage_module(s) for s in local], None
     cut = split_model(args, cfg, model, sample, mesh)
     # Before fully_shard: the earlier stages run whole here (an interleaved rank's own too).
