@@ -312,3 +312,39 @@ def test_run_count_collectives_reaches_run_plan_and_the_report(
     rows = json.loads(capsys.readouterr().out)["collectives"]
     assert rows[0]["counted"] == [{"op": "all_reduce", "bytes": 100, "count": 4}]
     assert rows[0]["match"] is True and len(rows) == 4
+
+
+def test_cpu_receives_are_posted_ahead_as_far_as_their_bytes_allow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gloo sends at once only to a posted receive: a CPU rank posts ahead within
+    ``ahead_bytes`` (every receive of a small step at its start), CUDA one ahead."""
+    import torch.distributed as dist
+
+    from planner.runtime.comm import P2P, ValueSpec
+
+    posted: list[int] = []
+
+    class Work:
+        def wait(self) -> None: ...
+
+        def is_completed(self) -> bool:
+            return True
+
+    def irecv(buf: torch.Tensor, src: int) -> Work:
+        posted.append(src)
+        return Work()
+
+    monkeypatch.setattr(dist, "irecv", irecv)
+    order = {(1, 0): [("F", 1, k) for k in range(4)]}
+    specs = [[ValueSpec(True, (4, 8), torch.float32)], []]  # 128 bytes a message
+    for ahead, after_prefetch, after_first in ((0, 1, 2), (300, 2, 3), (1 << 20, 4, 4)):
+        posted.clear()
+        p2p = P2P(0, order, specs, torch.device("cpu"), ahead_bytes=ahead)
+        p2p.prefetch()
+        assert len(posted) == after_prefetch, ahead
+        p2p.recv(("F", 1, 0), 1).wait()
+        assert len(posted) == after_first, ahead
+        for k in range(1, 4):
+            p2p.recv(("F", 1, k), 1).wait()
+        assert len(posted) == 4 and p2p.posted_bytes == 0

@@ -12,7 +12,12 @@ device per process that is the sender's action order; a process driving several 
 devices (shared mode) may produce messages in another order, so :func:`message_order`
 fixes a canonical order from a sequential walk of the schedule, senders hold messages
 back until the earlier ones to the same rank are posted, and receivers post their
-``irecv``s in that order, one ahead of need so receiving overlaps compute.
+``irecv``s in that order ahead of need so receiving overlaps compute: on the CPU (gloo) as
+many as :data:`RECV_AHEAD_BYTES` of buffers allow, every receive of a step at its start
+for the examples, because gloo sends a message at once only to a receive already posted
+(otherwise the sender's gloo thread sends it when the receive is announced, and on a host
+whose cores the ranks fill that thread waits for a core: measured 1-3 ms per message on
+the 2-core VM); on CUDA one ahead.
 
 Example::
 
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "P2P",
+    "RECV_AHEAD_BYTES",
     "MessageKey",
     "Pending",
     "ValueSpec",
@@ -45,6 +51,9 @@ __all__ = [
     "message_order",
     "value_spec",
 ]
+
+RECV_AHEAD_BYTES = 256 * 2**20
+"""How many bytes of receive buffers a CPU (gloo) rank posts ahead of need, per step."""
 
 MessageKey = tuple[str, int, int]
 """``("F", stage, mb)``: activations into ``stage``; ``("B", stage, mb)``: gradients into it."""
@@ -118,6 +127,13 @@ def _check_message(key: MessageKey, tensors: Sequence[Any], specs: Sequence[Valu
             )
     if len(tensors) != len(specs):
         raise RuntimeError(f"message {key} has {len(tensors)} tensors, expected {len(specs)}")
+
+
+def _spec_bytes(spec: ValueSpec) -> int:
+    """The bytes of a tensor value's buffer."""
+    import math
+
+    return math.prod(spec.shape) * spec.dtype.itemsize
 
 
 def value_spec(value: Any) -> ValueSpec:
@@ -232,6 +248,7 @@ class Pending:
         self.threaded = threaded
         self.future: Any = None
         self.done = False
+        self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 
     def ready(self) -> bool:
         if self.done:
@@ -273,8 +290,10 @@ class P2P:
 
     ``send`` posts ``isend``s (held back until the earlier messages to that rank in the
     canonical order are posted); ``recv`` posts the ``irecv``s up to the one asked for
-    and returns a handle with ``ready()``/``wait()``; ``finish`` waits for every send of
-    the step. ``specs[s]`` are the values stage ``s`` sends on (from :func:`cut_specs`).
+    and one beyond, or more while the posted and not yet taken buffers stay within
+    ``ahead_bytes``, and returns a handle with ``ready()``/``wait()``; ``finish`` waits for
+    every send of the step. ``specs[s]`` are the values stage ``s`` sends on (from
+    :func:`cut_specs`).
     """
 
     def __init__(
@@ -285,9 +304,11 @@ class P2P:
         device: torch.device,
         *,
         threaded: bool = False,
+        ahead_bytes: int = 0,
     ):
         self.rank = rank
         self.threaded = threaded
+        self.ahead_bytes = ahead_bytes
         self.specs = specs
         self.device = device
         self.out_order = {dst: keys for (src, dst), keys in order.items() if src == rank}
@@ -300,6 +321,7 @@ class P2P:
         self.in_next = dict.fromkeys(self.in_order, 0)
         self.held: dict[MessageKey, list[torch.Tensor]] = {}
         self.posted: dict[MessageKey, Pending] = {}
+        self.posted_bytes = 0  # buffers posted and not taken yet
         self.send_works: list[tuple[Any, torch.Tensor]] = []
 
     def specs_of(self, key: MessageKey) -> list[ValueSpec]:
@@ -331,12 +353,32 @@ class P2P:
             target = keys.index(key, self.in_next[src])
             self._post(src, target + 1)
         self._post(src, self.in_next[src] + 1)  # one message ahead
-        return self.posted.pop(key)
+        pending = self.posted.pop(key)
+        self.posted_bytes -= pending.nbytes
+        self._post_ahead()
+        return pending
 
     def prefetch(self) -> None:
-        """Post the first receive from every peer (at the start of a step)."""
+        """Post the first receive from every peer (at the start of a step), then more
+        while ``ahead_bytes`` allows."""
         for src in self.in_order:
             self._post(src, 1)
+        self._post_ahead()
+
+    def _post_ahead(self) -> None:
+        """Post further receives, in turn from each peer, while their buffers fit in
+        ``ahead_bytes`` beside those posted already."""
+        more = self.ahead_bytes > 0
+        while more:
+            more = False
+            for src, keys in self.in_order.items():
+                i = self.in_next[src]
+                if i < len(keys) and self.posted_bytes + self._bytes(keys[i]) <= self.ahead_bytes:
+                    self._post(src, i + 1)
+                    more = True
+
+    def _bytes(self, key: MessageKey) -> int:
+        return sum(_spec_bytes(s) for s in self.specs_of(key))
 
     def _post(self, src: int, upto: int) -> None:
         import torch
@@ -348,7 +390,9 @@ class P2P:
             specs = self.specs_of(keys[i])
             bufs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
             works = [dist.irecv(b, src) for b in bufs]
-            self.posted[keys[i]] = Pending(works, bufs, threaded=self.threaded)
+            pending = Pending(works, bufs, threaded=self.threaded)
+            self.posted[keys[i]] = pending
+            self.posted_bytes += pending.nbytes
             i += 1
         self.in_next[src] = i
 

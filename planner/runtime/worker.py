@@ -57,7 +57,7 @@ from planner.profile.model_check import check_split
 from planner.profile.stack_dump import record_stacks
 from planner.profile.tied import find_tied_parameters
 from planner.records import read_record, record_dict
-from planner.runtime.comm import P2P, cut_specs, message_order
+from planner.runtime.comm import P2P, RECV_AHEAD_BYTES, cut_specs, message_order
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
 from planner.runtime.measured import CountedCollective, MeasuredEvent, RankResult, RunResult
 from planner.runtime.mesh import refuse_parallel_ties, stage_meshes
@@ -432,7 +432,14 @@ def _executor(
         stages.runtimes,
         stages.steppers,
         specs,
-        P2P(rank, order, specs, device, threaded=device.type == "cpu" and len(local) > 1),
+        P2P(
+            rank,
+            order,
+            specs,
+            device,
+            threaded=device.type == "cpu" and len(local) > 1,
+            ahead_bytes=RECV_AHEAD_BYTES if device.type == "cpu" else 0,
+        ),
         stages.syncs,
         device,
         timeout_s=config.timeout_s,
