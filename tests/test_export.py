@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -232,6 +233,7 @@ def test_export_torchtitan_toml(tmp_path: Path) -> None:
         ["head"],
     ]
     assert data["training"]["local_batch_size"] == 8
+    assert data["training"]["mixed_precision_param"] == "float32"  # fp32 as planned
     rows = Path(par["pipeline_parallel_schedule_csv"]).read_text().splitlines()
     assert all("SEND" not in r and "RECV" not in r for r in rows)  # torchtitan lowers comms
     assert rows[0].startswith("0F0,0F1,")
@@ -700,3 +702,69 @@ def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
             export_plan(parallel_plan(tmp_path, stages, sp, sharding), "torchtitan", tmp_path / "x")
         assert "\n" not in str(refused.value)
     assert not (tmp_path / "x").exists()
+
+
+def _titan_python_fields(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ParallelismConfig keywords and the other assignments of torchtitan_config.py."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    par: dict[str, Any] = {}
+    other: dict[str, Any] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "ParallelismConfig":
+            par = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+            target = ast.unparse(node.targets[0])
+            if target.startswith("config.") and target != "config.parallelism":
+                other[target] = ast.unparse(node.value)
+    return par, other
+
+
+def test_torchtitan_03_config_says_what_the_toml_says(tmp_path: Path) -> None:
+    """torchtitan 0.3's Python config (torchtitan_config.py) sets the same degrees, order,
+    modules and batch as the 0.2.x TOML beside it, and what 0.3 adds (no CUDA graphs under
+    pipelining, sequence parallelism spelled out)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tp_dp = "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7"
+    for plan in (
+        parallel_plan(tmp_path, tp_dp, True, ("fsdp",)),
+        make_plan(tmp_path, "gpt", "0-1:cpu0;2-3:cpu1;4:cpu0;5:cpu1", "interleaved", 4, 2),
+    ):
+        out = export_plan(plan, "torchtitan", tmp_path / f"t-{Path(plan).stem}").out_dir
+        toml = tomllib.loads((out / "torchtitan.toml").read_text())
+        par, other = _titan_python_fields(out / "torchtitan_config.py")
+        assert par.pop("enable_sequence_parallel") is True
+        assert par == toml["parallelism"]
+        assert other == {
+            "config.training.local_batch_size": str(toml["training"]["local_batch_size"]),
+            "config.training.mixed_precision_param": repr(
+                toml["training"]["mixed_precision_param"]
+            ),
+            "config.training.disable_cuda_graphs": "True",
+            "config.activation_checkpoint": "None",
+        }
+
+
+def test_torchtitan_03_loads_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torchtitan 0.3 is installed: its own ConfigManager loads the exported config
+    (``--module torchtitan_config --config pipeplan``) with the plan's fields."""
+    pytest.importorskip("torchtitan.config.manager")
+    from torchtitan.config.manager import ConfigManager
+
+    plan = parallel_plan(
+        tmp_path, "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7", True, ("fsdp",)
+    )
+    out = export_plan(plan, "torchtitan", tmp_path / "titan").out_dir
+    monkeypatch.syspath_prepend(str(out))
+    monkeypatch.chdir(tmp_path)
+    config = ConfigManager().parse_args(["--module", "torchtitan_config", "--config", "pipeplan"])
+    par = config.parallelism
+    assert (par.pipeline_parallel_degree, par.tensor_parallel_degree) == (2, 2)
+    assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (1, 2)
+    assert par.module_fqns_per_model_part == [
+        ["embed", "blocks.0", "blocks.1"],
+        ["blocks.2", "blocks.3", "head"],
+    ]
+    assert config.training.local_batch_size == 2 and config.activation_checkpoint is None
+    assert config.training.mixed_precision_param == "float32"  # as planned, not bf16 FSDP

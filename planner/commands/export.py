@@ -46,8 +46,9 @@ def export_command(
     (split points, stage modules, ranks, microbatches) and train_pipeline.py (builds the
     stages and the schedule and trains; run it with torchrun).
 
-    --to torchtitan: torchtitan.toml (the parallelism fields to paste into a job config)
-    and the schedule CSV it names.
+    --to torchtitan: torchtitan_config.py (a torchtitan 0.3 config: BASE, your model's
+    torchtitan config, with the plan's parallelism), torchtitan.toml (the same fields to
+    paste into a torchtitan 0.2.x job config) and the schedule CSV both name.
 
     Plans torch cannot run exactly (2bw, recompute, tied weights across stages, unequal
     replica counts, ...) are refused with one line. Details in docs/export.md.
@@ -82,4 +83,9 @@ def export_command(
         script = result.out_dir / "train_pipeline.py"
         print(f"run: torchrun --nproc-per-node {result.world_size} {script}")
     else:
-        print(f"paste {result.out_dir / 'torchtitan.toml'} into your torchtitan job config")
+        print(
+            f"torchtitan 0.3: PYTHONPATH={result.out_dir} torchrun --nproc-per-node "
+            f"{result.world_size} -m torchtitan.train --module torchtitan_config --config "
+            "pipeplan  (BASE in torchtitan_config.py: your model's torchtitan config)"
+        )
+        print(f"torchtitan 0.2.x: paste {result.out_dir / 'torchtitan.toml'} into your job config")

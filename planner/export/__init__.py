@@ -7,8 +7,9 @@ exactly; see :mod:`planner.export.source`) and writes a folder:
   ``_PipelineScheduleRuntime``), ``schedule_compute.csv``, ``pipeline.json`` (split points,
   stage modules and layers, ranks, microbatches) and ``train_pipeline.py`` (builds the
   stages and the schedule and trains); :mod:`planner.export.torch_pipelining`;
-* ``--to torchtitan``: ``torchtitan.toml`` (the ``[parallelism]`` fields torchtitan reads,
-  tensor and FSDP degrees included) and the ``schedule_compute.csv`` it names;
+* ``--to torchtitan``: ``torchtitan_config.py`` (a torchtitan 0.3 config registry),
+  ``torchtitan.toml`` (the same ``[parallelism]`` fields for torchtitan 0.2.x, tensor and
+  FSDP degrees included) and the ``schedule_compute.csv`` both name;
   :mod:`planner.export.torchtitan`.
 
 Tensor-parallel, sequence-parallel, ZeRO-1 and FSDP plans export to both (what each
@@ -164,7 +165,7 @@ def export_plan(
 
     Example::
 
-        export_plan("plan.json", "torchtitan")      # writes plan-torchtitan/torchtitan.toml
+        export_plan("plan.json", "torchtitan")      # plan-torchtitan/torchtitan_config.py, ...
     """
     if to not in TARGETS:
         raise InputError(

@@ -1,4 +1,6 @@
-"""``pipeplan export --to torchtitan``: the job-config fields torchtitan reads for a plan.
+"""``pipeplan export --to torchtitan``: the job-config fields torchtitan reads for a plan,
+as a torchtitan 0.3 Python config (:func:`titan_python`, :data:`TITAN_RELEASE`) and as a
+0.2.x TOML fragment (:func:`titan_toml`), from one :class:`TitanFields`.
 
 Checked against torchtitan's source (TOML job configs): ``torchtitan/config/job_config.py``
 (``Parallelism``) and ``torchtitan/distributed/pipeline_parallel.py`` at commit
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import InputError
@@ -57,18 +60,32 @@ from planner.export.torch_pipelining import csv_text
 from planner.outputs import Outputs
 
 __all__ = [
+    "TITAN_BASE",
+    "TITAN_RELEASE",
     "TORCHTITAN_COMMIT",
     "TORCHTITAN_PARALLEL_COMMIT",
+    "TitanFields",
     "export_torchtitan",
     "titan_checkpointing",
     "titan_data_parallel",
+    "titan_fields",
     "titan_from_hf",
     "titan_modules",
+    "titan_python",
     "titan_toml",
 ]
 
 TORCHTITAN_COMMIT = "02ef790c79614758f85880e173d2338d7de502a3"
 """The torchtitan commit whose pipeline_parallel.py the fields were checked against."""
+
+TITAN_RELEASE = "0.3.0"
+"""The torchtitan release (PyPI, the newest on 2026-11-28) whose Python configs
+``torchtitan_config.py`` is written for, its fields read from that wheel's
+``torchtitan/config/configs.py``."""
+
+TITAN_BASE = ("llama3", "llama3_8b")
+"""The base config ``torchtitan_config.py`` starts from: ``(module, config)`` of torchtitan's
+own registry (``torchtitan.models.<module>.config_registry.<config>``)."""
 
 TORCHTITAN_PARALLEL_COMMIT = "238fa9953e4aec2a62582121564273d7cbb1e9f1"
 """The torchtitan commit (the last with TOML job configs) whose job_config.py and llama3
@@ -226,12 +243,45 @@ def titan_checkpointing(source: ExportSource) -> str:
     )
 
 
-def titan_toml(source: ExportSource, *, csv_path: str) -> str:
-    """The TOML fragment to paste into a torchtitan job config.
+@dataclass(frozen=True)
+class TitanFields:
+    """What a plan sets in torchtitan, whichever way that release takes its config."""
+
+    pp_degree: int
+    """``pipeline_parallel_degree``: pipeline ranks."""
+    replicate: int
+    """``data_parallel_replicate_degree``."""
+    shard: int
+    """``data_parallel_shard_degree`` (FSDP)."""
+    tp_degree: int
+    """``tensor_parallel_degree`` (sequence parallelism on where above 1)."""
+    style: str
+    """``pipeline_parallel_schedule``: ``1F1B`` or ``Interleaved1F1B`` (placement only)."""
+    csv_path: str
+    """``pipeline_parallel_schedule_csv``: the compute-only order."""
+    microbatch_size: int
+    """``pipeline_parallel_microbatch_size``."""
+    modules: list[list[str]]
+    """``module_fqns_per_model_part``."""
+    local_batch_size: int
+    """``training.local_batch_size``: microbatches per replica x their size."""
+    microbatches: int
+    """Microbatches per data-parallel replica (for the comments)."""
+    full_checkpointing: bool
+    """Every stage checkpoints each layer (torchtitan's full AC); else none."""
+    header: list[str]
+    """Comment lines: the plan, the commits checked, the module names."""
+
+
+def titan_fields(source: ExportSource, *, csv_path: str) -> TitanFields:
+    """The plan's torchtitan settings, or one InputError line for what torchtitan cannot
+    run as planned (ranks out of its loop order, replicas with different orders, non-fp32
+    precision, and :func:`titan_checkpointing`'s, :func:`titan_modules`' and
+    :func:`titan_data_parallel`'s refusals).
 
     Example::
 
-        print(titan_toml(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
+        titan_fields(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv").pp_degree
     """
     layout, plan = source.layout, source.plan
     p = layout.pp_degree
@@ -259,8 +309,6 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
     checkpointing = titan_checkpointing(source)
     modules = titan_modules(source)
     replicate, shard = titan_data_parallel(source)
-    style = "Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B"
-    local_batch = plan.microbatch_size * layout.microbatches_per_replica
     if titan_from_hf([list(split.modules or []) for split in source.splits]) is not None:
         names_note = (
             "# Module names: the Hugging Face Llama's as torchtitan's llama3 names them "
@@ -270,39 +318,133 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
         names_note = (
             "# The module names are the profiled model's: they must be your torchtitan model's."
         )
-    lines = [
+    header = [
         f"# pipeplan export of {source.plan_path} (schedule {source.schedule.name}, "
         f"{len(source.splits)} stages on {p} pipeline ranks x {layout.dp_degree} "
         f"data-parallel replicas x {layout.tp_degree} tensor-parallel ranks).",
-        f"# Fields as read by torchtitan commit {TORCHTITAN_COMMIT[:12]} "
-        "(torchtitan/distributed/pipeline_parallel.py) and, for tensor and data "
-        f"parallelism, {TORCHTITAN_PARALLEL_COMMIT[:12]}; see docs/export.md.",
         names_note,
         "# Tensor parallelism follows torchtitan's own plan for its model (with sequence",
         "# parallelism), not the model file's tp_plan().",
+    ]
+    return TitanFields(
+        pp_degree=p,
+        replicate=replicate,
+        shard=shard,
+        tp_degree=layout.tp_degree,
+        style="Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B",
+        csv_path=csv_path,
+        microbatch_size=plan.microbatch_size,
+        modules=modules,
+        local_batch_size=plan.microbatch_size * layout.microbatches_per_replica,
+        microbatches=layout.microbatches_per_replica,
+        full_checkpointing=checkpointing.startswith('mode = "full"'),
+        header=header,
+    )
+
+
+def titan_toml(source: ExportSource, *, csv_path: str) -> str:
+    """The TOML fragment to paste into a torchtitan 0.2.x job config.
+
+    Example::
+
+        print(titan_toml(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
+    """
+    f = titan_fields(source, csv_path=csv_path)
+    lines = [
+        f.header[0],
+        "# torchtitan 0.2.x (TOML job configs); torchtitan 0.3 (Python configs): "
+        "torchtitan_config.py beside this file.",
+        f"# Fields as read by torchtitan commit {TORCHTITAN_COMMIT[:12]} "
+        "(torchtitan/distributed/pipeline_parallel.py) and, for tensor and data "
+        f"parallelism, {TORCHTITAN_PARALLEL_COMMIT[:12]}; see docs/export.md.",
+        *f.header[1:],
         "[parallelism]",
-        f"pipeline_parallel_degree = {p}",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
-        f"tensor_parallel_degree = {layout.tp_degree}",
-        f'pipeline_parallel_schedule = "{style}"  # stage placement only; the CSV is the order',
-        f"pipeline_parallel_schedule_csv = {json.dumps(csv_path)}",
-        f"pipeline_parallel_microbatch_size = {plan.microbatch_size}",
-        f"module_fqns_per_model_part = {json.dumps(modules)}",
+        f"pipeline_parallel_degree = {f.pp_degree}",
+        f"data_parallel_replicate_degree = {f.replicate}",
+        f"data_parallel_shard_degree = {f.shard}",
+        f"tensor_parallel_degree = {f.tp_degree}",
+        f'pipeline_parallel_schedule = "{f.style}"  # stage placement only; the CSV is the order',
+        f"pipeline_parallel_schedule_csv = {json.dumps(f.csv_path)}",
+        f"pipeline_parallel_microbatch_size = {f.microbatch_size}",
+        f"module_fqns_per_model_part = {json.dumps(f.modules)}",
         "",
         "[training]",
-        f"local_batch_size = {local_batch}  # {layout.microbatches_per_replica} microbatches "
+        f"local_batch_size = {f.local_batch_size}  # {f.microbatches} microbatches "
         "per data-parallel replica",
+        'mixed_precision_param = "float32"  # as planned (fp32); torchtitan\'s default '
+        "bfloat16 casts FSDP's parameters",
         "",
         "[activation_checkpoint]",
-        checkpointing,
+        titan_checkpointing(source),
     ]
     return "\n".join(lines) + "\n"
 
 
+def titan_python(source: ExportSource, *, csv_path: str) -> str:
+    """``torchtitan_config.py``: a torchtitan 0.3 config registry with one config,
+    ``pipeplan``, that is :data:`TITAN_BASE` (a config of torchtitan's own registry) with
+    the plan's parallelism, local batch and activation checkpointing.
+
+    Example::
+
+        print(titan_python(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
+    """
+    f = titan_fields(source, csv_path=csv_path)
+    world = f.pp_degree * f.replicate * f.shard * f.tp_degree
+    ac = "FullAC.Config()" if f.full_checkpointing else "None"
+    ac_import = (
+        "from torchtitan.distributed.activation_checkpoint import FullAC\n"
+        if f.full_checkpointing
+        else ""
+    )
+    header = "\n".join(line.removeprefix("# ") for line in f.header)
+    return f'''"""{header}
+torchtitan {TITAN_RELEASE} (Python configs): a config registry whose one config, ``pipeplan``, is
+BASE below with the plan's parallelism, local batch and activation checkpointing. Run it
+with this folder on PYTHONPATH, from torchtitan's checkout (its assets):
+
+    PYTHONPATH={Path(csv_path).parent} torchrun --nproc-per-node {world} -m torchtitan.train \\
+        --module torchtitan_config --config pipeplan
+
+BASE: the torchtitan config of your model (module under torchtitan.models, function of
+its config_registry); change it to yours. Fields as torchtitan {TITAN_RELEASE}'s
+torchtitan/config/configs.py (ParallelismConfig, TrainingConfig) and
+torchtitan/distributed/activation_checkpoint.py define them; see docs/export.md.
+"""
+
+import importlib
+
+from torchtitan.config import ParallelismConfig
+{ac_import}
+BASE = {TITAN_BASE!r}
+
+
+def pipeplan():
+    registry = importlib.import_module(f"torchtitan.models.{{BASE[0]}}.config_registry")
+    config = getattr(registry, BASE[1])()
+    config.parallelism = ParallelismConfig(
+        pipeline_parallel_degree={f.pp_degree},
+        data_parallel_replicate_degree={f.replicate},
+        data_parallel_shard_degree={f.shard},
+        tensor_parallel_degree={f.tp_degree},
+        enable_sequence_parallel=True,
+        pipeline_parallel_schedule={f.style!r},  # stage placement only; the CSV is the order
+        pipeline_parallel_schedule_csv={f.csv_path!r},
+        pipeline_parallel_microbatch_size={f.microbatch_size},
+        module_fqns_per_model_part={f.modules!r},
+    )
+    config.training.local_batch_size = {f.local_batch_size}  # {f.microbatches} microbatches each
+    config.training.mixed_precision_param = "float32"  # as planned; default bf16 under FSDP
+    config.training.disable_cuda_graphs = True  # {TITAN_RELEASE}: none with PP
+    config.activation_checkpoint = {ac}
+    return config
+'''
+
+
 def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> None:
-    """Hand ``outs`` ``torchtitan.toml`` and the compute-only ``schedule_compute.csv`` it
-    names (``out_dir`` declared there); ``outs.commit()`` writes them, both or neither.
+    """Hand ``outs`` ``torchtitan.toml`` (torchtitan 0.2.x), ``torchtitan_config.py``
+    (torchtitan 0.3) and the compute-only ``schedule_compute.csv`` both name (``out_dir``
+    declared there); ``outs.commit()`` writes them, all or none.
 
     Example::
 
@@ -310,5 +452,7 @@ def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> Non
     """
     csv_path = out_dir / "schedule_compute.csv"
     toml = titan_toml(source, csv_path=str(csv_path.resolve()))
+    python = titan_python(source, csv_path=str(csv_path.resolve()))
     outs.write_text(csv_path, csv_text(source.layout.compute_rows[0]))
     outs.write_text(out_dir / "torchtitan.toml", toml)
+    outs.write_text(out_dir / "torchtitan_config.py", python)
