@@ -693,7 +693,6 @@ def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 2)
     assert result.world_size == 8
     for stages, sp, sharding, match in [
-        (tp_dp, False, ("fsdp",), r"stages\[0\].sequence_parallel: torchtitan applies sequence"),
         (tp_dp, True, ("zero1",), r"stages\[0\].sharding: torchtitan has no ZeRO-1"),
         (tp_dp, True, ("fsdp", "none"), r"stages\[1\]: stage 1 has .* one setting"),
         ("0-2:cpu0,cpu2;3-5:cpu1,cpu3", False, ("none",), "DDP has not supported"),
@@ -702,6 +701,25 @@ def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
             export_plan(parallel_plan(tmp_path, stages, sp, sharding), "torchtitan", tmp_path / "x")
         assert "\n" not in str(refused.value)
     assert not (tmp_path / "x").exists()
+
+
+def test_torchtitan_tensor_parallel_without_sequence_parallel_is_03_only(tmp_path: Path) -> None:
+    """torchtitan 0.2.x has sequence parallelism on with every TP degree; 0.3's
+    ``enable_sequence_parallel`` turns it off: only ``torchtitan_config.py`` is written, and
+    the note says why."""
+    from planner.export.source import load_export_source
+    from planner.export.torchtitan import titan_toml
+
+    plan = parallel_plan(
+        tmp_path, "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7", False, ("fsdp",)
+    )
+    result = export_plan(plan, "torchtitan", tmp_path / "titan")
+    assert not (result.out_dir / "torchtitan.toml").exists()
+    par, _ = _titan_python_fields(result.out_dir / "torchtitan_config.py")
+    assert (par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (2, False)
+    assert any("no torchtitan.toml" in note for note in result.notes)
+    with pytest.raises(InputError, match=r"stages\[0\].sequence_parallel: torchtitan 0.2.x"):
+        titan_toml(load_export_source(plan), csv_path="x.csv")
 
 
 def _titan_python_fields(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -734,7 +752,10 @@ def test_torchtitan_03_config_says_what_the_toml_says(tmp_path: Path) -> None:
         out = export_plan(plan, "torchtitan", tmp_path / f"t-{Path(plan).stem}").out_dir
         toml = tomllib.loads((out / "torchtitan.toml").read_text())
         par, other = _titan_python_fields(out / "torchtitan_config.py")
-        assert par.pop("enable_sequence_parallel") is True
+        # The TP plan has sequence parallelism; the other has no TP, and no SP either.
+        assert par.pop("enable_sequence_parallel") is (
+            toml["parallelism"]["tensor_parallel_degree"] > 1
+        )
         assert par == toml["parallelism"]
         assert other == {
             "config.training.local_batch_size": str(toml["training"]["local_batch_size"]),
@@ -748,23 +769,28 @@ def test_torchtitan_03_config_says_what_the_toml_says(tmp_path: Path) -> None:
 
 def test_torchtitan_03_loads_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where torchtitan 0.3 is installed: its own ConfigManager loads the exported config
-    (``--module torchtitan_config --config pipeplan``) with the plan's fields."""
+    (``--module torchtitan_config --config pipeplan``) with the plan's fields, with and
+    without sequence parallelism."""
     pytest.importorskip("torchtitan.config.manager")
     from torchtitan.config.manager import ConfigManager
 
-    plan = parallel_plan(
-        tmp_path, "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7", True, ("fsdp",)
-    )
-    out = export_plan(plan, "torchtitan", tmp_path / "titan").out_dir
-    monkeypatch.syspath_prepend(str(out))
     monkeypatch.chdir(tmp_path)
-    config = ConfigManager().parse_args(["--module", "torchtitan_config", "--config", "pipeplan"])
-    par = config.parallelism
-    assert (par.pipeline_parallel_degree, par.tensor_parallel_degree) == (2, 2)
-    assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (1, 2)
-    assert par.module_fqns_per_model_part == [
-        ["embed", "blocks.0", "blocks.1"],
-        ["blocks.2", "blocks.3", "head"],
-    ]
-    assert config.training.local_batch_size == 2 and config.activation_checkpoint is None
-    assert config.training.mixed_precision_param == "float32"  # as planned, not bf16 FSDP
+    for sp in (True, False):
+        plan = parallel_plan(
+            tmp_path, "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7", sp, ("fsdp",)
+        )
+        out = export_plan(plan, "torchtitan", tmp_path / f"titan-{sp}").out_dir
+        monkeypatch.syspath_prepend(str(out))
+        monkeypatch.delitem(sys.modules, "torchtitan_config", raising=False)
+        config = ConfigManager().parse_args(
+            ["--module", "torchtitan_config", "--config", "pipeplan"]
+        )
+        par = config.parallelism
+        assert (par.pipeline_parallel_degree, par.tensor_parallel_degree) == (2, 2)
+        assert par.enable_sequence_parallel is sp
+        assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (1, 2)
+        parts = [["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "head"]]
+        assert par.module_fqns_per_model_part == parts
+        assert config.training.local_batch_size == 2 and config.activation_checkpoint is None
+        assert config.training.mixed_precision_param == "float32"  # as planned, not bf16 FSDP
+        sys.path.remove(str(out))

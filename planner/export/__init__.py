@@ -191,7 +191,7 @@ def export_plan(
         if model_path is None:
             notes.append("no --model given: pass --model to train_pipeline.py")
     else:
-        export_torchtitan(outs, source, target)
+        notes.extend(export_torchtitan(outs, source, target))
     files = outs.commit()
     layout = source.layout
     return ExportResult(

@@ -31,7 +31,8 @@ job configs by Python dataclasses; :data:`TORCHTITAN_PARALLEL_COMMIT`):
 * ``parallelism.tensor_parallel_degree``: ``apply_tp`` always parallelizes the norms over
   the sequence (``SequenceParallel``), so sequence parallelism is on with every degree
   above 1 and there is no field to turn it off (``enable_sequence_parallel`` came with
-  commit ``aa68af18e``, 2026-03-29, in the Python configs): a plan without it is refused;
+  commit ``aa68af18e``, 2026-03-29, in the Python configs, 0.3.0 has it): for a plan
+  without it only ``torchtitan_config.py`` is written;
 * ``parallelism.data_parallel_shard_degree``: FSDP2's ``fully_shard`` over that many ranks
   (``fsdp_reshard_after_forward = "default"``: not resharded after forward under pipeline
   parallelism), for a plan whose stages are sharded ``fsdp``;
@@ -186,14 +187,6 @@ def titan_data_parallel(source: ExportSource) -> tuple[int, int]:
                 file=where,
                 field=field,
             )
-        if stage.tensor_parallel > 1 and not stage.sequence_parallel:
-            raise InputError(
-                "torchtitan applies sequence parallelism with every tensor-parallel degree "
-                f"(commit {TORCHTITAN_PARALLEL_COMMIT[:12]}: no field turns it off); solve "
-                "with --sequence-parallel",
-                file=where,
-                field=f"{field}.sequence_parallel",
-            )
         if stage.sharding == "zero1":
             raise InputError(
                 "torchtitan has no ZeRO-1 (it shards data parallelism with FSDP only); solve "
@@ -254,7 +247,9 @@ class TitanFields:
     shard: int
     """``data_parallel_shard_degree`` (FSDP)."""
     tp_degree: int
-    """``tensor_parallel_degree`` (sequence parallelism on where above 1)."""
+    """``tensor_parallel_degree``."""
+    sequence_parallel: bool
+    """``enable_sequence_parallel`` (0.3; 0.2.x has it on with every degree above 1)."""
     style: str
     """``pipeline_parallel_schedule``: ``1F1B`` or ``Interleaved1F1B`` (placement only)."""
     csv_path: str
@@ -331,6 +326,7 @@ def titan_fields(source: ExportSource, *, csv_path: str) -> TitanFields:
         replicate=replicate,
         shard=shard,
         tp_degree=layout.tp_degree,
+        sequence_parallel=plan.stages[0].sequence_parallel,
         style="Interleaved1F1B" if layout.stages_per_rank > 1 else "1F1B",
         csv_path=csv_path,
         microbatch_size=plan.microbatch_size,
@@ -350,6 +346,15 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
         print(titan_toml(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
     """
     f = titan_fields(source, csv_path=csv_path)
+    if f.tp_degree > 1 and not f.sequence_parallel:
+        raise InputError(
+            "torchtitan 0.2.x applies sequence parallelism with every tensor-parallel degree "
+            f"(commit {TORCHTITAN_PARALLEL_COMMIT[:12]}: no field turns it off); 0.3's "
+            "enable_sequence_parallel does (torchtitan_config.py), or solve with "
+            "--sequence-parallel",
+            file=source.plan_path,
+            field="stages[0].sequence_parallel",
+        )
     lines = [
         f.header[0],
         "# torchtitan 0.2.x (TOML job configs); torchtitan 0.3 (Python configs): "
@@ -427,7 +432,7 @@ def pipeplan():
         data_parallel_replicate_degree={f.replicate},
         data_parallel_shard_degree={f.shard},
         tensor_parallel_degree={f.tp_degree},
-        enable_sequence_parallel=True,
+        enable_sequence_parallel={f.sequence_parallel},
         pipeline_parallel_schedule={f.style!r},  # stage placement only; the CSV is the order
         pipeline_parallel_schedule_csv={f.csv_path!r},
         pipeline_parallel_microbatch_size={f.microbatch_size},
@@ -441,18 +446,30 @@ def pipeplan():
 '''
 
 
-def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> None:
+def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> list[str]:
     """Hand ``outs`` ``torchtitan.toml`` (torchtitan 0.2.x), ``torchtitan_config.py``
     (torchtitan 0.3) and the compute-only ``schedule_compute.csv`` both name (``out_dir``
-    declared there); ``outs.commit()`` writes them, all or none.
+    declared there); ``outs.commit()`` writes them, all or none. Returns notes for the
+    user: the TOML is left out for tensor parallelism without sequence parallelism, which
+    0.2.x cannot turn off.
 
     Example::
 
         export_torchtitan(outs, source, Path("plan-torchtitan"))
     """
     csv_path = out_dir / "schedule_compute.csv"
-    toml = titan_toml(source, csv_path=str(csv_path.resolve()))
+    fields = titan_fields(source, csv_path=str(csv_path.resolve()))
     python = titan_python(source, csv_path=str(csv_path.resolve()))
     outs.write_text(csv_path, csv_text(source.layout.compute_rows[0]))
-    outs.write_text(out_dir / "torchtitan.toml", toml)
+    notes = []
+    if fields.tp_degree > 1 and not fields.sequence_parallel:
+        notes.append(
+            "no torchtitan.toml: torchtitan 0.2.x applies sequence parallelism with every "
+            "tensor-parallel degree; torchtitan_config.py (0.3) turns it off"
+        )
+    else:
+        outs.write_text(
+            out_dir / "torchtitan.toml", titan_toml(source, csv_path=str(csv_path.resolve()))
+        )
     outs.write_text(out_dir / "torchtitan_config.py", python)
+    return notes
