@@ -88,4 +88,6 @@ def export_command(
             f"{result.world_size} -m torchtitan.train --module torchtitan_config --config "
             "pipeplan  (BASE in torchtitan_config.py: your model's torchtitan config)"
         )
-        print(f"torchtitan 0.2.x: paste {result.out_dir / 'torchtitan.toml'} into your job config")
+        toml = result.out_dir / "torchtitan.toml"
+        if toml in result.files:
+            print(f"torchtitan 0.2.x: paste {toml} into your job config")
