@@ -463,9 +463,11 @@ def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> lis
     outs.write_text(csv_path, csv_text(source.layout.compute_rows[0]))
     notes = []
     if fields.tp_degree > 1 and not fields.sequence_parallel:
+        stale = (out_dir / "torchtitan.toml").exists()
         notes.append(
             "no torchtitan.toml: torchtitan 0.2.x applies sequence parallelism with every "
             "tensor-parallel degree; torchtitan_config.py (0.3) turns it off"
+            + ("; the torchtitan.toml already in the folder is not this plan's" if stale else "")
         )
     else:
         outs.write_text(
