@@ -4,8 +4,10 @@
 simulated once), the count of simulations, the methods used and the ILP's outcome.
 :meth:`Search.evaluate` simulates a candidate and settles its recompute flags by the
 simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lower bound
-cannot beat the best plan. :func:`make_shape` builds a candidate, recompute where the
-memory model says a stage overflows.
+cannot beat the best plan; :meth:`Search.pass_over` leaves unsimulated a plan a tuned peer
+cannot use (whoever meets it later gets it as that peer would have simulated it).
+:func:`make_shape` builds a candidate, recompute where the memory model says a stage
+overflows.
 
 The solve's time limit is checked before every simulation, the search's unit of work (a
 solve spends nearly all its time in them): past ``Search.deadline`` the next simulation
