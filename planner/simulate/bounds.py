@@ -117,8 +117,14 @@ def _hop_ms(
                 else topology.transfer_ms(a, b, cut[s])
             )
             continue
-        ga = stages[s - 1].replica_groups[stages[s - 1].leaders.index(a)]
-        gb = stages[s].replica_groups[stages[s].leaders.index(b)]
+        ga, gb = _group_led_by(stages[s - 1], a), _group_led_by(stages[s], b)
         pair = (gb, ga) if backward else (ga, gb)
         out.append(group_transfer_ms(topology, *pair, cut[s]))
     return out
+
+
+def _group_led_by(st: StageSpec, leader: str) -> tuple[str, ...]:
+    """The replica group of ``st`` that ``leader`` leads (``st.replica_groups``' entry,
+    without building them all)."""
+    i = st.devices.index(leader)
+    return st.devices[i : i + st.tensor_parallel]

@@ -44,8 +44,11 @@ __all__ = [
     "gather_ms",
     "group_transfer",
     "group_transfer_ms",
+    "groups_collective_ms",
     "pass_collective_ms",
+    "pass_collectives",
     "replica_sync_ms",
+    "sum_collectives_ms",
 ]
 
 
@@ -84,19 +87,69 @@ def pass_collective_ms(
 
         pass_collective_ms(profile, topology, stage, stage.replica_groups[0], 4)
     """
+    return sum_collectives_ms(topology, group, pass_collectives(profile, stage, microbatch_size))
+
+
+def pass_collectives(
+    profile: Profile, stage: StageSpec, microbatch_size: int
+) -> tuple[Collective, ...]:
+    """The collectives of one microbatch's passes through the stage's layers, in layer
+    order (none without tensor parallelism).
+
+    Example::
+
+        [c.op for c in pass_collectives(profile, stage, 4)]
+    """
     if stage.tensor_parallel == 1:
-        return 0.0, 0.0
+        return ()
     key = shard_key(stage.tensor_parallel, sequence_parallel=stage.sequence_parallel)
     timings = profile.measurement(microbatch_size).layers[stage.first : stage.last + 1]
+    return tuple(c for timing in timings for c in timing.sharded[key].collectives)
+
+
+def sum_collectives_ms(
+    topology: Topology | None, group: Sequence[str], collectives: Sequence[Collective]
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)`` of ``collectives`` on ``group``, summed in their order.
+
+    Example::
+
+        sum_collectives_ms(topology, ("gpu0", "gpu1"), pass_collectives(profile, stage, 4))
+    """
     forward = backward = 0.0
-    for timing in timings:
-        for c in timing.sharded[key].collectives:
-            ms = collective_ms(topology, group, c)
-            if c.phase == "forward":
-                forward += ms
-            else:
-                backward += ms
+    for c in collectives:
+        ms = collective_ms(topology, group, c)
+        if c.phase == "forward":
+            forward += ms
+        else:
+            backward += ms
     return forward, backward
+
+
+def groups_collective_ms(
+    topology: Topology | None,
+    groups: Sequence[Sequence[str]],
+    collectives: Sequence[Collective],
+) -> list[tuple[float, float]]:
+    """:func:`sum_collectives_ms` of each group: groups whose rings time every distinct
+    collective (operation and bytes) alike share one sum (the same numbers in the same
+    order: the same floats), so a stage of a hundred groups sums its layers' collectives
+    once or twice, not a hundred times.
+
+    Example::
+
+        groups_collective_ms(topology, stage.replica_groups, pass_collectives(profile, stage, 4))
+    """
+    distinct = list({(c.op, c.bytes): c for c in collectives}.values())
+    sums: dict[tuple[float, ...], tuple[float, float]] = {}
+    out = []
+    for group in groups:
+        times = tuple(collective_ms(topology, group, c) for c in distinct)
+        hit = sums.get(times)
+        if hit is None:
+            hit = sums[times] = sum_collectives_ms(topology, group, collectives)
+        out.append(hit)
+    return out
 
 
 def _rings(stage: StageSpec) -> list[tuple[str, ...]]:

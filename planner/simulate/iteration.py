@@ -61,6 +61,7 @@ def simulate(
     memory_limits: Mapping[str, int] | None = None,
     engine: Engine = "auto",
     over_limit: bool = False,
+    bound: bool = True,
 ) -> SimResult:
     """Simulate one iteration of ``stages`` under ``schedule``.
 
@@ -72,7 +73,8 @@ def simulate(
     layers over the device's speed), ``events=False`` (skip the event list, for solver
     loops), ``validate`` (check a given Schedule), ``memory_limits`` (per device, for the
     optimized schedule's search; default the topology's), ``engine`` (how the times are
-    computed: :func:`~planner.simulate.timing.simulate_schedule`).
+    computed: :func:`~planner.simulate.timing.simulate_schedule`), ``bound=False`` (leave
+    ``lower_bound_ms`` at 0: a solver loop that reads only the time and the memory).
 
     Example::
 
@@ -108,33 +110,41 @@ def simulate(
             validate_schedule(sched, stages)
     check_fp16_schedule(profile.precision, sched.name, sched.flush)
     result = _time(profile, topology, stages, sched, mbs, step_ms, events, engine, over_limit)
-    result.lower_bound_ms = lower_bound_ms(
-        profile,
-        topology,
-        stages,
-        sched.num_microbatches,
-        mbs,
-        flush=sched.flush,
-        split_backward=sched.splits_backward,
-        step_ms=step_ms,
-    )
+    if bound:
+        result.lower_bound_ms = lower_bound_ms(
+            profile,
+            topology,
+            stages,
+            sched.num_microbatches,
+            mbs,
+            flush=sched.flush,
+            split_backward=sched.splits_backward,
+            step_ms=step_ms,
+        )
     if not sched.flush:
         result.staleness = [1] * len(stages)
     return result
 
 
 def simulate_shape(
-    profile: Profile, topology: Topology | None, shape: PlanShape, *, over_limit: bool = False
+    profile: Profile,
+    topology: Topology | None,
+    shape: PlanShape,
+    *,
+    over_limit: bool = False,
+    bound: bool = True,
 ) -> SimResult:
     """:func:`simulate` of a :class:`~planner.shape.PlanShape` without events: the inner
     loop of the solver and of the tuned peers. Raises InputError when the schedule cannot
     run that shape; with ``over_limit``, :class:`~planner.simulate.timing.OverLimit` (every
     device's peak memory) where a device's memory is exceeded, before any time is worked
-    out.
+    out; ``bound=False``: no ``lower_bound_ms`` (0), for a caller that reads only the time
+    and the memory.
 
     Example::
 
         simulate_shape(profile, topology, shape).iteration_ms
+        simulate_shape(profile, topology, shape, bound=False).memory_bytes
     """
     return simulate(
         profile,
@@ -146,6 +156,7 @@ def simulate_shape(
         virtual_stages=shape.virtual_stages,
         events=False,
         over_limit=over_limit,
+        bound=bound,
     )
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from planner.cost import (
+    StageTimes,
     boundary_bytes,
     stage_activation_bytes,
     stage_param_bytes,
@@ -40,7 +41,12 @@ from planner.errors import InputError
 from planner.profile.schema import Profile
 from planner.schedule import ActionType, Schedule
 from planner.schedule.groups import group_of_leader, is_grouped, leader_stages
-from planner.simulate.group_comm import gather_ms, pass_collective_ms, replica_sync_ms
+from planner.simulate.group_comm import (
+    gather_ms,
+    groups_collective_ms,
+    pass_collectives,
+    replica_sync_ms,
+)
 from planner.simulate.program import ALLREDUCE, GATHER, SLOTS, STEP, devices_of
 from planner.simulate.shards import (
     FORGOTTEN,
@@ -216,10 +222,16 @@ def _group_times(
     """A tensor-parallel stage's compute times per group (see :func:`compute_times`)."""
     view = shard_view(profile, st)
     out: ComputeTimes = {}
-    for group in st.replica_groups:
+    groups = st.replica_groups
+    passes = groups_collective_ms(topology, groups, pass_collectives(profile, st, microbatch_size))
+    by_speed: dict[float, StageTimes] = {}  # groups of one speed share their shard's times
+    for group, (fwd, bwd) in zip(groups, passes, strict=True):
         v = min(speed(topology, d) for d in group)
-        t = stage_times(view, st.first, st.last, microbatch_size, speed=v, recompute=st.recompute)
-        fwd, bwd = pass_collective_ms(profile, topology, st, group, microbatch_size)
+        t = by_speed.get(v)
+        if t is None:
+            t = by_speed[v] = stage_times(
+                view, st.first, st.last, microbatch_size, speed=v, recompute=st.recompute
+            )
         redo = fwd if st.recompute else 0.0
         out[(st.id, group[0])] = (
             t.forward_ms + fwd,
@@ -251,11 +263,7 @@ def step_table(
         out: dict[tuple[int, str], float] = {}
         for st in stages:
             if not st.is_plain:
-                view = shard_view(profile, st)
-                for group in st.replica_groups:
-                    v = min(speed(topology, d) for d in group)
-                    ms = stage_step_ms(view, st.first, st.last, speed=v)
-                    out[(st.id, group[0])] = ms if st.sharding == "none" else ms / st.replicas
+                out.update(_group_steps(profile, topology, st))
                 continue
             by_speed: dict[float, float] = {}  # replicas of one speed: computed once
             for d in st.devices:
@@ -274,6 +282,23 @@ def step_table(
                 field="step_ms",
             )
     return {(st.id, d): given[st.id] for st in stages for d in st.leaders}
+
+
+def _group_steps(
+    profile: Profile, topology: Topology | None, st: StageSpec
+) -> dict[tuple[int, str], float]:
+    """A tensor-parallel or sharded stage's STEP per group (its leader): its shard's step
+    at the group's slowest speed (groups of one speed share it), ``1 / r`` of it sharded."""
+    view = shard_view(profile, st)
+    by_speed: dict[float, float] = {}
+    out: dict[tuple[int, str], float] = {}
+    for group in st.replica_groups:
+        v = min(speed(topology, d) for d in group)
+        ms = by_speed.get(v)
+        if ms is None:
+            ms = by_speed[v] = stage_step_ms(view, st.first, st.last, speed=v)
+        out[(st.id, group[0])] = ms if st.sharding == "none" else ms / st.replicas
+    return out
 
 
 def tied_exchange_ms(

@@ -185,9 +185,22 @@ def check_memory(
     device = topology.device
     if all(b <= device(d).memory_bytes for d, b in memory.items()):
         return
-    if not all(math.isfinite(x) for row in tables.durations for x in row):
+    if not _all_finite(tables.durations):
         return
     raise OverLimit(memory)
+
+
+def _all_finite(rows: Sequence[Sequence[float]]) -> bool:
+    """Whether every number in ``rows`` is finite: their sum is, unless one is infinite or
+    NaN (a sum that overflows on finite numbers alone is checked number by number).
+
+    Example::
+
+        _all_finite([[1.0, 2.0], [math.inf]])   # False
+    """
+    if math.isfinite(sum(map(sum, rows))):
+        return True
+    return all(math.isfinite(x) for row in rows for x in row)
 
 
 def with_deferred_steps(

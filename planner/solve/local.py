@@ -198,8 +198,8 @@ def local_search(
         for cand in step(search, best.shape):
             if spent >= budget:
                 break
-            if cand in search.cache:
-                scored = search.cache[cand]
+            if search.met(cand):
+                scored = search.evaluate(cand, "local search")  # as simulated before
             else:
                 # A candidate met before costs nothing (as when it was simulated then).
                 spent += cand not in search.bounded

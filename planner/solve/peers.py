@@ -45,7 +45,11 @@ of a lower bound per sample (:meth:`~planner.solve.search.Search.bound_per_sampl
 simulator's bound, or the busiest device's compute + all-reduce + step, whichever is
 larger; infinite where the weights, gradients and optimizer state alone overflow a device),
 and a peer's search stops at the first whose bound is no better than the best time found;
-one that overflows is passed over; the answer is the same as simulating all of them.
+one that overflows is passed over; the answer is the same as simulating all of them. A
+configuration that does not fit without recompute is checkpointed only where the bound of
+the checkpointed plan (its second forward counted) can still beat the peer's best time
+(strictly above it, it could not become the peer's best: it is left to whoever meets it
+later, :meth:`~planner.solve.search.Search.pass_over`).
 
 Example::
 
@@ -420,10 +424,13 @@ def _virtual_counts(schedule: str, depth: int, num_layers: int) -> list[int]:
 # ------------------------------------------------------------------------------ the sweep
 
 
-def settle(search: Search, config: PeerConfig) -> tuple[PeerConfig, Scored]:
+def settle(search: Search, config: PeerConfig, beat: float = math.inf) -> tuple[PeerConfig, Scored]:
     """``config`` scored by ``search`` without recompute, or with recompute on every stage
     where memory needs it (as users switch activation checkpointing on): the configuration
-    as run and its simulation.
+    as run and its simulation. ``beat``: the best time per sample the peer has found;
+    checkpointed, a configuration whose bound (recompute counted) is above it cannot become
+    the peer's best and is passed over (:meth:`Search.pass_over`), not simulated: the
+    configuration then counts as not fitting.
 
     Example::
 
@@ -434,6 +441,9 @@ def settle(search: Search, config: PeerConfig) -> tuple[PeerConfig, Scored]:
     if plain.fits or plain.infinite():
         return config, plain
     checkpointed = config.checkpointed()
+    if not search.met(checkpointed.shape) and search.bound_as_given(checkpointed.shape) > beat:
+        search.pass_over(checkpointed.shape, origin)
+        return config, plain
     got = search.simulate_as_given(checkpointed.shape, origin)
     return (checkpointed, got) if got.fits else (config, plain)
 
@@ -458,7 +468,7 @@ def _best_of(
         if search.overflows(config.shape):
             continue
         simulated += 1
-        settled, got = settle(search, config)
+        settled, got = settle(search, config, best_key[0])
         if got.fits and (got.per_sample_ms, index) < best_key:
             best, best_key = (settled, got), (got.per_sample_ms, index)
     return best, simulated

@@ -4,8 +4,10 @@
 simulated once), the count of simulations, the methods used and the ILP's outcome.
 :meth:`Search.evaluate` simulates a candidate and settles its recompute flags by the
 simulator's memory; :meth:`Search.cannot_beat` leaves out a candidate whose lower bound
-cannot beat the best plan. :func:`make_shape` builds a candidate, recompute where the
-memory model says a stage overflows.
+cannot beat the best plan; :meth:`Search.pass_over` leaves unsimulated a plan a tuned peer
+cannot use (whoever meets it later gets it as that peer would have simulated it).
+:func:`make_shape` builds a candidate, recompute where the memory model says a stage
+overflows.
 
 The solve's time limit is checked before every simulation, the search's unit of work (a
 solve spends nearly all its time in them): past ``Search.deadline`` the next simulation
@@ -102,6 +104,8 @@ class Search:
     notes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     # The simulations :meth:`result_of` ran again, the last KEPT_RESULTS of them.
     results: dict[PlanShape, SimResult] = field(default_factory=dict)
+    # Shapes a tuned peer left unsimulated (:meth:`pass_over`), with that peer's origin.
+    passed: dict[PlanShape, str] = field(default_factory=dict)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
@@ -133,11 +137,53 @@ class Search:
         bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
         return bound / cand.samples
 
+    def bound_as_given(self, cand: PlanShape) -> float:
+        """A lower bound of ``cand``'s simulated time per sample with its recompute flags as
+        they are (:func:`planner.solve.bounds.search_bound_ms`: recompute's second forward
+        counted), what :meth:`simulate_as_given` can find; infinite where it cannot fit.
+
+        Example::
+
+            search.bound_as_given(shape.with_recompute([True] * len(shape.stages)))
+        """
+        if self.overflows(cand):
+            return math.inf
+        m, mb = cand.num_microbatches, cand.microbatch_size
+        stages = list(cand.stages)
+        return search_bound_ms(self.profile, self.topology, stages, cand.schedule, m, mb) / (
+            cand.samples
+        )
+
+    def pass_over(self, cand: PlanShape, origin: str) -> None:
+        """Leave ``cand`` unsimulated for now: a tuned peer (``origin``) whose bound shows
+        it cannot become that peer's best. Whoever meets it later (another peer, the peer
+        defaults, a local search) gets what the peer's simulation would have given them
+        (:meth:`met` is true, :meth:`simulate_as_given` under the peer's origin, never
+        settled by :meth:`evaluate`), so nothing after the peers depends on what they left
+        out; only the count of simulations falls. The first peer to pass it names it.
+
+        Example::
+
+            search.pass_over(checkpointed_shape, "peer Megatron-LM")
+        """
+        if cand not in self.cache:
+            self.passed.setdefault(cand, origin)
+
+    def met(self, cand: PlanShape) -> bool:
+        """Whether ``cand`` was simulated, or passed over by a peer (:meth:`pass_over`):
+        either way it costs a local search nothing and :meth:`evaluate` returns it as given.
+
+        Example::
+
+            search.met(shape)
+        """
+        return cand in self.cache or cand in self.passed
+
     def cannot_beat(self, cand: PlanShape, best: Scored) -> bool:
         """Whether ``cand``'s bound shows it slower than ``best`` (which fits) by more than
         :meth:`Scored.key` rounds away, so it could never replace it; such a candidate is
         remembered, not simulated."""
-        if not best.fits or cand in self.cache:
+        if not best.fits or self.met(cand):
             return False
         bound = self.bound_per_sample(cand)
         if round(bound, 9) > round(best.per_sample_ms, 9):
@@ -151,6 +197,8 @@ class Search:
         hit = self.cache.get(cand)
         if hit is not None:
             return hit
+        if cand in self.passed:  # as a peer simulated it: as given
+            return self.simulate_as_given(cand, origin)
         scored = self.simulate_as_given(cand, origin)
         if not scored.fits and scored.runs:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
@@ -209,10 +257,11 @@ class Search:
         hit = self.cache.get(cand)
         if hit is not None:
             return hit
+        origin = self.passed.pop(cand, origin)  # a peer passed it over: the peer's
         self.check_clock(origin)
         self.sims += 1
         try:
-            res = simulate_shape(self.profile, self.topology, cand, over_limit=True)
+            res = simulate_shape(self.profile, self.topology, cand, over_limit=True, bound=False)
         except OverLimit as exc:
             # Memory alone settles that it does not fit; its time only where it is asked.
             device = self.topology.device
@@ -239,7 +288,8 @@ class Search:
 
         def iteration_ms() -> float:
             try:
-                return float(simulate_shape(self.profile, self.topology, cand).iteration_ms)
+                res = simulate_shape(self.profile, self.topology, cand, bound=False)
+                return float(res.iteration_ms)
             except InputError:
                 return math.inf
 

@@ -1,0 +1,129 @@
+"""Work the solver leaves out without changing an answer: a tuned peer's checkpointed
+configuration whose bound cannot beat that peer's best is passed over, not simulated
+(planner.solve.search.Search.pass_over), and the plan, every peer's row and every peer
+default are what they were when everything was simulated; only the count of simulations
+falls. Also the simulator's shortcuts that keep every float: a tensor-parallel stage's
+collectives summed once per distinct set of ring times, and the finiteness check of
+OverLimit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.cost import synthetic_profile, synthetic_tensor_parallel
+from planner.profile.schema import Profile
+from planner.simulate.group_comm import (
+    groups_collective_ms,
+    pass_collective_ms,
+    pass_collectives,
+)
+from planner.simulate.timing import _all_finite
+from planner.solve import solve
+from planner.solve.search import Search
+from planner.stages import StageSpec
+from planner.topology import Topology, load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+
+def _profile() -> Profile:
+    """Eight heavy layers with big stashes: without recompute most configurations overflow
+    a tight device."""
+    return synthetic_tensor_parallel(
+        synthetic_profile(
+            8,
+            forward_ms=20.0,
+            backward_input_ms=20.0,
+            backward_weight_ms=20.0,
+            param_bytes=200 * MIB,
+            optimizer_state_bytes=400 * MIB,
+            output_bytes=128 * MIB,
+            saved_bytes=3072 * MIB,
+            input_bytes=128 * MIB,
+        ),
+        (2, 4, 8),
+    )
+
+
+def _tight(name: str, gib: int) -> Topology:
+    """A bundled topology with every device's memory set to ``gib`` GiB."""
+    topo = load_topology(ROOT / "topologies" / f"{name}.yaml")
+    devices = [dataclasses.replace(d, memory_bytes=gib * 1024 * MIB) for d in topo.devices]
+    return Topology(
+        topo.name + "-tight",
+        topo.graph.copy(),
+        devices,
+        source=topo.source,
+        relay=topo.relay,
+        allreduce_efficiency=topo.allreduce_efficiency,
+    )
+
+
+def _plan_dict(profile: Profile, topo: Topology) -> tuple[dict[str, Any], int]:
+    """The plan JSON without the wall times and the count of simulations, and that count."""
+    data = solve(profile, topo, num_microbatches=16).to_dict()
+    sims = data["solver"].pop("simulations")
+    data["solver"].pop("seconds", None)
+    if data["solver"].get("ilp"):
+        data["solver"]["ilp"].pop("seconds", None)
+    return data, sims
+
+
+@pytest.mark.parametrize(("name", "gib"), [("two-node-ib", 3), ("dgx1-v100", 12)])
+def test_passing_over_changes_nothing_but_the_count(
+    name: str, gib: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile, topo = _profile(), _tight(name, gib)
+    passed: list[str] = []
+    pass_over = Search.pass_over
+
+    def noted(self: Search, cand: Any, origin: str) -> None:
+        passed.append(origin)
+        pass_over(self, cand, origin)
+
+    monkeypatch.setattr(Search, "pass_over", noted)
+    pruned, fewer = _plan_dict(profile, topo)
+    assert passed, "the case should pass some checkpointed configurations over"
+    # Every bound at minus infinity: nothing is passed over, everything is simulated.
+    monkeypatch.setattr(Search, "bound_as_given", lambda self, cand: -math.inf)
+    passed.clear()
+    everything, more = _plan_dict(profile, topo)
+    assert not passed
+    assert pruned == everything
+    assert fewer < more
+
+
+def test_a_passed_shape_met_later_is_simulated_as_the_peer_would_have() -> None:
+    profile, topo = _profile(), _tight("two-node-ib", 3)
+    search = Search(profile, topo)
+    shape = solve(profile, topo, num_microbatches=16).shape
+    search.pass_over(shape, "peer X")
+    assert search.met(shape) and search.sims == 0
+    got = search.evaluate(shape, "local search")
+    assert got.origin == "peer X" and search.sims == 1 and not search.passed
+    assert search.evaluate(shape, "again") is got and search.sims == 1
+
+
+def test_groups_share_collective_sums_bit_for_bit() -> None:
+    profile = _profile()
+    topo = load_topology(ROOT / "topologies" / "two-node-ib.yaml")
+    names = topo.device_names()
+    for t in (2, 4, 8):
+        st = StageSpec(0, (1, 5), tuple(names[: (len(names) // t) * t]), tensor_parallel=t)
+        groups = st.replica_groups
+        got = groups_collective_ms(topo, groups, pass_collectives(profile, st, 1))
+        assert got == [pass_collective_ms(profile, topo, st, g, 1) for g in groups]
+
+
+def test_all_finite() -> None:
+    assert _all_finite([[1.0, 2.0], [3.0]]) and _all_finite([])
+    assert _all_finite([[1e308, 1e308]])  # the sum overflows, every number is finite
+    assert not _all_finite([[1.0], [math.inf]])
+    assert not _all_finite([[math.nan]])
+    assert not _all_finite([[math.inf, -math.inf]])
