@@ -173,11 +173,22 @@ class Outputs:
 
             outs.write_bytes(params_path, buffer.getvalue())
         """
-        target = _followed(path)
-        owner = self._owner(target)
+        given = Path(path)
+        target = _followed(given)
+        # A declared file is known by where it lands; a file in an output folder by its
+        # name there, which may be a link to elsewhere (written through, as ``file``).
+        owner = self._owner(target) or self._owner(given)
+        if owner is None:
+            raise ValueError(f"{target} was not declared as an output")  # a bug, not input
         if owner.folder:  # a file inside an output folder: checked now, as a file
-            check_output_path(target, field=owner.field, make_folder=True)
-            self._check_not_input(target, _Declared(target, owner.field))
+            try:
+                check_output_path(target, field=owner.field, make_folder=True)
+                self._check_not_input(target, _Declared(target, owner.field))
+            except InputError as exc:
+                if target == given:
+                    raise
+                where = f"{exc.message} (it links to {str(target)!r})"
+                raise InputError(where, file=str(given), field=owner.field) from None
         key = _key(target)
         for other in self._contents.values():
             if _key(other.target) != key and _same_existing(other.target, target):
@@ -239,7 +250,8 @@ class Outputs:
 
     # ---------------------------------------------------------------- checks
 
-    def _owner(self, target: Path) -> _Declared:
+    def _owner(self, target: Path) -> _Declared | None:
+        """The declared output ``target`` is, or the declared folder it is in (None)."""
         key = _key(target)
         for declared in self._declared:
             if not declared.folder and _key(declared.path) == key:
@@ -248,7 +260,7 @@ class Outputs:
         for declared in self._declared:
             if declared.folder and _key(declared.path) == parent:
                 return declared
-        raise ValueError(f"{target} was not declared as an output")  # a bug, not input
+        return None
 
     def _check_not_input(self, target: Path, declared: _Declared) -> None:
         ident = _identity(target)

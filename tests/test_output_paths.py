@@ -575,6 +575,27 @@ def test_outputs_refuse_inputs_added_later_and_each_other(tmp_path: Path) -> Non
         Outputs().write_text(tmp_path / "undeclared.txt", "")
 
 
+def test_a_link_in_an_output_folder_is_written_through_or_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A file of an output folder that is a symbolic link: written through to its target,
+    as a declared file is, unless the target is an input (one line naming both)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    (tmp_path / "other.txt").write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.csv").symlink_to(tmp_path / "other.txt")
+    (out / "b.json").symlink_to(plan)
+    outs = Outputs([("the plan", plan)])
+    outs.folder(out, "-o")
+    assert outs.write_text(out / "a.csv", "new") == tmp_path / "other.txt"
+    with pytest.raises(InputError, match=r"b.json: -o: is the same file as the plan .* links to"):
+        outs.write_text(out / "b.json", "{}")
+    outs.commit()
+    assert (tmp_path / "other.txt").read_text() == "new" and plan.read_text() == "{}"
+
+
 def test_ctrl_c_during_the_renames_waits_until_they_are_done() -> None:
     """A commit's renames run with Ctrl-C held: it arrives, as KeyboardInterrupt, after."""
     arrived = []
