@@ -794,3 +794,17 @@ def test_torchtitan_03_loads_the_config(tmp_path: Path, monkeypatch: pytest.Monk
         assert config.training.local_batch_size == 2 and config.activation_checkpoint is None
         assert config.training.mixed_precision_param == "float32"  # as planned, not bf16 FSDP
         sys.path.remove(str(out))
+
+
+def test_torchtitan_files_stay_valid_whatever_the_paths_hold(tmp_path: Path) -> None:
+    """A plan or folder name with quotes, backslashes (a Windows path's ``\\N``) or a newline
+    is written escaped: the Python config parses and the TOML loads."""
+    import ast
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    plan = make_plan(tmp_path, "gpt", "0-2:cpu0;3-5:cpu1", "1f1b", 4, 1)
+    odd = Path(plan).with_name('tq"""\nx = 1\\N.json')
+    odd.write_text(Path(plan).read_text())
+    out = export_plan(odd, "torchtitan", tmp_path / 'b\\N q"""q').out_dir
+    ast.parse((out / "torchtitan_config.py").read_text())
+    tomllib.loads((out / "torchtitan.toml").read_text())

@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import typer
@@ -81,12 +82,13 @@ def export_command(
         print(f"note: {note}")
     if result.target == "torch":
         script = result.out_dir / "train_pipeline.py"
-        print(f"run: torchrun --nproc-per-node {result.world_size} {script}")
+        print(f"run: torchrun --nproc-per-node {result.world_size} {shlex.quote(str(script))}")
     else:
         print(
-            f"torchtitan 0.3: PYTHONPATH={result.out_dir} torchrun --nproc-per-node "
-            f"{result.world_size} -m torchtitan.train --module torchtitan_config --config "
-            "pipeplan  (BASE in torchtitan_config.py: your model's torchtitan config)"
+            f"torchtitan 0.3: PYTHONPATH={shlex.quote(str(result.out_dir))} torchrun "
+            f"--nproc-per-node {result.world_size} -m torchtitan.train --module "
+            "torchtitan_config --config pipeplan  (BASE in torchtitan_config.py: your "
+            "model's torchtitan config)"
         )
         toml = result.out_dir / "torchtitan.toml"
         if toml in result.files:

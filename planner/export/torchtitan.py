@@ -314,7 +314,10 @@ def titan_fields(source: ExportSource, *, csv_path: str) -> TitanFields:
             "# The module names are the profiled model's: they must be your torchtitan model's."
         )
     header = [
-        f"# pipeplan export of {source.plan_path} (schedule {source.schedule.name}, "
+        # The path as a JSON string: valid in a TOML comment and a Python docstring,
+        # whatever characters it has (quotes, backslashes, newlines).
+        f"# pipeplan export of {json.dumps(str(source.plan_path))} "
+        f"(schedule {source.schedule.name}, "
         f"{len(source.splits)} stages on {p} pipeline ranks x {layout.dp_degree} "
         f"data-parallel replicas x {layout.tp_degree} tensor-parallel ranks).",
         names_note,
@@ -408,8 +411,10 @@ torchtitan {TITAN_RELEASE} (Python configs): a config registry whose one config,
 BASE below with the plan's parallelism, local batch and activation checkpointing. Run it
 with this folder on PYTHONPATH, from torchtitan's checkout (its assets):
 
-    PYTHONPATH={Path(csv_path).parent} torchrun --nproc-per-node {world} -m torchtitan.train \\
+    PYTHONPATH=<this folder> torchrun --nproc-per-node {world} -m torchtitan.train \\
         --module torchtitan_config --config pipeplan
+
+(``pipeplan export`` printed the line with this folder's path.)
 
 BASE: the torchtitan config of your model (module under torchtitan.models, function of
 its config_registry); change it to yours. Fields as torchtitan {TITAN_RELEASE}'s
