@@ -195,3 +195,15 @@ def test_simulate_recompute_layers_flag(tmp_path: Path, capsys: pytest.CaptureFi
     assert done.value.code in (0, None)
     stages = Plan.load(out).stages
     assert [(s.recompute, s.recompute_layers) for s in stages] == [(False, False), (True, True)]
+    # Naming a stage that recomputes already keeps its unit; --recompute-layers alone turns
+    # the plan's recomputing stages to each layer.
+    again = tmp_path / "again.json"
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--plan", str(out), "--recompute", "0,1", "--no-gantt", "-o", str(again)])
+    assert done.value.code in (0, None)
+    stages = Plan.load(again).stages
+    assert [(s.recompute, s.recompute_layers) for s in stages] == [(True, False), (True, True)]
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--plan", str(again), "--recompute-layers", "--no-gantt", "-o", str(out)])
+    assert done.value.code in (0, None)
+    assert all(s.recompute_layers for s in Plan.load(out).stages)

@@ -75,7 +75,8 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         for sid in recompute:
             if not 0 <= sid < len(stages):
                 raise InputError(f"stage {sid} does not exist", field="--recompute")
-            stages[sid] = stages[sid].with_recompute(True)
+            if not stages[sid].recompute:  # one that recomputes keeps its unit
+                stages[sid] = stages[sid].with_recompute(True)
         return stages
     return parse_stages(text, recompute=recompute)
 
@@ -156,12 +157,14 @@ def _plan_microbatch_size(schedule: str) -> int | None:
 
 
 def _marked(stages: list[StageSpec], recompute: list[int]) -> list[StageSpec]:
-    """A copy of a plan's stages with ``--recompute`` ids switched on."""
+    """A copy of a plan's stages with ``--recompute`` ids switched on (a stage that
+    recomputes already keeps its unit: each layer or the whole stage)."""
     out = list(stages)
     for sid in recompute:
         if not 0 <= sid < len(out):
             raise InputError(f"stage {sid} does not exist", field="--recompute")
-        out[sid] = out[sid].with_recompute(True)
+        if not out[sid].recompute:
+            out[sid] = out[sid].with_recompute(True)
     return out
 
 
@@ -251,11 +254,6 @@ def _resolve(
     if step_ms is not None:
         check_number(step_ms, field="--step-ms", high=MAX_TIME_MS, unit=" ms")
     marks = _int_list(recompute, "--recompute")
-    if recompute_layers and not marks:
-        raise InputError(
-            "says how the --recompute stages checkpoint; give --recompute too",
-            field="--recompute-layers",
-        )
     if stages is not None:
         specs = load_stages_arg(stages, marks)
     elif plan is not None:
@@ -263,7 +261,14 @@ def _resolve(
     else:
         raise InputError("missing: give the partition (or --plan plan.json)", field="--stages")
     if recompute_layers:
-        specs = [st.with_recompute(True, layers=True) if st.id in marks else st for st in specs]
+        # The --recompute stages, or without it those that recompute already.
+        layered = set(marks) or {st.id for st in specs if st.recompute}
+        if not layered:
+            raise InputError(
+                "says how the --recompute stages checkpoint; give --recompute too",
+                field="--recompute-layers",
+            )
+        specs = [st.with_recompute(True, layers=True) if st.id in layered else st for st in specs]
     sequence_parallel, sharding = parallelism
     if sequence_parallel or sharding is not None:
         specs = with_parallelism(specs, sequence_parallel=sequence_parallel, sharding=sharding)
@@ -368,9 +373,10 @@ def simulate_command(
     recompute_layers: bool = typer.Option(
         False,
         "--recompute-layers",
-        help="The --recompute stages checkpoint each layer on its own (only the layers' "
-        "inputs kept, one layer rebuilt at a time: Megatron-LM's full recompute) instead of "
-        "the whole stage under one checkpoint.",
+        help="The --recompute stages (without it: the stages that recompute already) "
+        "checkpoint each layer on its own (only the layers' inputs kept, one layer rebuilt at "
+        "a time: Megatron-LM's full recompute) instead of the whole stage under one "
+        "checkpoint.",
     ),
     virtual_stages: int = typer.Option(
         1, "--virtual-stages", help="Interleaved: chunks per device (inferred from --stages)."
