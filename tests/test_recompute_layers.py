@@ -207,3 +207,42 @@ def test_simulate_recompute_layers_flag(tmp_path: Path, capsys: pytest.CaptureFi
         main(["simulate", "--plan", str(again), "--recompute-layers", "--no-gantt", "-o", str(out)])
     assert done.value.code in (0, None)
     assert all(s.recompute_layers for s in Plan.load(out).stages)
+
+
+def _batchnorm_buffers(recompute: str) -> list[torch.Tensor]:
+    """A BatchNorm stage after two microbatches' forward and backward under ``recompute``
+    (``none``, ``stage``: the runtime's one checkpoint, ``layers``: the split's per layer,
+    ``export``: train_pipeline.py's Recompute): its running statistics."""
+    from planner.export.train_pipeline import Recompute
+    from planner.profile.split import split_model
+    from planner.runtime.stage import StageRuntime
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 8)
+    )
+    stage = split_model(net, 1).stage(0, 2)  # not the last layer: outputs a tuple
+    stage.checkpoint_layers = recompute == "layers"
+    module = Recompute(stage) if recompute == "export" else stage
+    runtime = StageRuntime(
+        module, stage_id=1, is_last=False, recompute=recompute == "stage",
+        num_microbatches=2, loss=None,
+    )  # fmt: skip
+    xs = [torch.randn(4, 6) for _ in range(2)]
+    outs = [runtime.forward(k, [x]) for k, x in enumerate(xs)]
+    for k, out in enumerate(outs):
+        runtime.backward(k, [torch.ones_like(out[0])])
+    norm = net[1]
+    return [norm.running_mean, norm.running_var, norm.num_batches_tracked]
+
+
+@pytest.mark.parametrize("recompute", ["stage", "layers", "export"])
+def test_recompute_updates_batchnorm_statistics_once_per_microbatch(recompute: str) -> None:
+    """A plain checkpoint's rebuild runs BatchNorm's forward again and updates its running
+    statistics twice; pipeplan's recompute (whole stage, each layer, the export) leaves
+    them as without recompute."""
+    want = _batchnorm_buffers("none")
+    got = _batchnorm_buffers(recompute)
+    assert int(got[2]) == 2
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)

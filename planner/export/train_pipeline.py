@@ -130,7 +130,9 @@ class Autocast(nn.Module):
 
 class Recompute(nn.Module):
     """A stage the plan recomputes: its forward under non-reentrant activation
-    checkpointing, so only its inputs stay alive until its backward recomputes the rest."""
+    checkpointing, so only its inputs stay alive until its backward recomputes the rest.
+    The recomputation leaves BatchNorm's running statistics as the forward left them
+    (updated once per microbatch, as ``pipeplan run`` does)."""
 
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -139,7 +141,31 @@ class Recompute(nn.Module):
     def forward(self, *args: Any) -> Any:
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(self.inner, *args, use_reentrant=False)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self._statistics_kept)
+
+    def _statistics_kept(self) -> tuple[Any, Any]:
+        norms = [
+            m
+            for m in self.inner.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        ]
+
+        @contextlib.contextmanager
+        def kept() -> Any:
+            saved = [
+                (b, b.clone())
+                for m in norms
+                for b in (m.running_mean, m.running_var, m.num_batches_tracked)
+                if b is not None
+            ]
+            try:
+                yield
+            finally:
+                with torch.no_grad():
+                    for buffer, value in saved:
+                        buffer.copy_(value)
+
+        return contextlib.nullcontext(), kept()
 
 
 def recomputed(module: nn.Module, stage: dict[str, Any]) -> nn.Module:

@@ -49,6 +49,7 @@ __all__ = [
     "SplitModel",
     "Stage",
     "capture_model",
+    "checkpoint_once",
     "discover_split_points",
     "hugging_face_split_points",
     "retarget_device",
@@ -326,6 +327,53 @@ class OutputLayer(nn.Module):
         return _pytree.tree_unflatten(list(self.graph_module(*inputs)), self.out_spec)
 
 
+def checkpoint_once(fn: Callable[..., Any], module: nn.Module, *args: Any) -> Any:
+    """``torch.utils.checkpoint`` (non-reentrant) of ``fn(*args)``, whose recomputation in
+    the backward leaves ``module``'s running statistics (BatchNorm's ``running_mean``,
+    ``running_var``, ``num_batches_tracked``) as they were: updated once per microbatch,
+    by its forward, as without recompute (a plain checkpoint updates them twice). In
+    training mode a BatchNorm normalises with the batch's statistics, so the rebuilt
+    values are the same either way.
+
+    Example::
+
+        out = checkpoint_once(layer, layer, x)
+    """
+    import contextlib
+
+    from torch.utils.checkpoint import checkpoint
+
+    norms = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+    ]
+    if not norms:
+        return checkpoint(fn, *args, use_reentrant=False)
+
+    @contextlib.contextmanager
+    def statistics_kept() -> Any:
+        saved = [
+            (b, b.clone())
+            for m in norms
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked)
+            if b is not None
+        ]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, value in saved:
+                    buffer.copy_(value)
+
+    return checkpoint(
+        fn,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), statistics_kept()),
+    )
+
+
 class Stage(nn.Module):
     """A contiguous range of layers; takes the cut before ``first``, returns the cut after
     ``last`` as a tuple (or the model's output when ``last`` is the final layer).
@@ -351,9 +399,7 @@ class Stage(nn.Module):
         values: Any = inputs
         for layer in self.layers:  # each returns the tuple the next one takes
             if self.checkpoint_layers:
-                from torch.utils.checkpoint import checkpoint
-
-                values = checkpoint(layer, *values, use_reentrant=False)
+                values = checkpoint_once(layer, layer, *values)
             else:
                 values = layer(*values)
         return values

@@ -112,7 +112,8 @@ class StageRuntime:
         """Versioned weights (2bw) with each layer checkpointed: every layer under its
         own checkpoint, called with the iteration's weights so its rebuild uses them too."""
         from torch.func import functional_call
-        from torch.utils.checkpoint import checkpoint
+
+        from planner.profile.split import checkpoint_once
 
         index = {id(p): i for i, p in enumerate(self.params)}
         values: Any = tuple(leaves)
@@ -127,7 +128,7 @@ class StageRuntime:
             def run(*xs: Any, layer: Any = layer, own: dict[str, Any] = own) -> Any:
                 return functional_call(layer, own, xs)
 
-            values = checkpoint(run, *values, use_reentrant=False)
+            values = checkpoint_once(run, layer, *values)
         return values
 
     def forward(self, k: int, inputs: Sequence[Any], targets: Any = None) -> Any:
@@ -142,12 +143,12 @@ class StageRuntime:
             if self.each_layer and self.weights is not None:
                 out = self._each_layer_checkpointed(params, leaves)
             elif self.recompute and not self.each_layer:
-                from torch.utils.checkpoint import checkpoint
+                from planner.profile.split import checkpoint_once
 
                 def run(*xs: Any) -> Any:
                     return self._call(params, list(xs))
 
-                out = checkpoint(run, *leaves, use_reentrant=False)
+                out = checkpoint_once(run, self.module, *leaves)
             else:  # no recompute, or each layer checkpointed by the module (see __init__)
                 out = self._call(params, leaves)
             if self.is_last and self.loss is not None:
