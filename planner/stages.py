@@ -341,6 +341,9 @@ def _check_devices(devices: list[str], source: str | None, where: str) -> None:
 
 
 def _clip(value: Any) -> str:
+    """A value as the JSON/YAML file spells it (``null``, ``true``), clipped to 80 characters."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

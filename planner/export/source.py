@@ -126,7 +126,7 @@ def _refuse_profile(plan: Plan, profile: Profile, profile_path: str, where: str)
     if profile.precision == "fp16":
         raise InputError(
             "precision fp16 needs pipeplan run's loss scaling agreed over all stages, which "
-            "the export does not carry; export a plan profiled at bf16 or fp32",
+            "the export does not carry; export a plan profiled at fp32 (or at bf16, to torch)",
             file=profile_path,
             field="precision",
         )

@@ -472,6 +472,11 @@ def main() -> None:
     ap.add_argument("--save-params", default=None, help="write PATH.rankN.pt at the end")
     args = ap.parse_args()
     cfg = json.loads((HERE / "pipeline.json").read_text())
+    if args.split == "torch" and any(s.get("recompute_layers") for s in cfg["stages"]):
+        # Every rank refuses, before any of them waits for the others.
+        raise SystemExit(
+            "train_pipeline.py: this plan checkpoints each layer; use --split pipeplan"
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pp, dp, tp = cfg["mesh"]["shape"]
     assert world == pp * dp * tp, f"start {pp * dp * tp} processes (pp {pp} x dp {dp} x tp {tp})"
