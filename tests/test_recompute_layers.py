@@ -5,6 +5,7 @@ one process in both units."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -101,15 +102,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _each_layer(plan: Plan) -> Plan:
     stages = [st.with_recompute(st.recompute, layers=True) for st in plan.stages]
     schedule = build_schedule(plan.schedule.name, stages, plan.num_microbatches)
-    return Plan(
-        profile=plan.profile,
-        topology=plan.topology,
-        microbatch_size=plan.microbatch_size,
-        num_microbatches=plan.num_microbatches,
-        stages=stages,
-        schedule=schedule,
-        predicted=plan.predicted,
-    )
+    return dataclasses.replace(plan, stages=stages, schedule=schedule)
 
 
 @pytest.mark.parametrize(

@@ -71,13 +71,7 @@ def load_stages_arg(text: str, recompute: list[int]) -> list[StageSpec]:
         data = _read_data(path, "--stages")
         if isinstance(data, dict):
             data = data.get("stages")
-        stages = stages_from_data(data, source=text)
-        for sid in recompute:
-            if not 0 <= sid < len(stages):
-                raise InputError(f"stage {sid} does not exist", field="--recompute")
-            if not stages[sid].recompute:  # one that recomputes keeps its unit
-                stages[sid] = stages[sid].with_recompute(True)
-        return stages
+        return _marked(stages_from_data(data, source=text), recompute)
     return parse_stages(text, recompute=recompute)
 
 
