@@ -708,7 +708,7 @@ def test_torchtitan_tensor_parallel_without_sequence_parallel_is_03_only(tmp_pat
     ``enable_sequence_parallel`` turns it off: only ``torchtitan_config.py`` is written, and
     the note says why."""
     from planner.export.source import load_export_source
-    from planner.export.torchtitan import titan_toml
+    from planner.export.torchtitan import titan_fields, titan_toml
 
     plan = parallel_plan(
         tmp_path, "0-2:cpu0+cpu1,cpu4+cpu5;3-5:cpu2+cpu3,cpu6+cpu7", False, ("fsdp",)
@@ -719,7 +719,7 @@ def test_torchtitan_tensor_parallel_without_sequence_parallel_is_03_only(tmp_pat
     assert (par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (2, False)
     assert any("no torchtitan.toml" in note for note in result.notes)
     with pytest.raises(InputError, match=r"stages\[0\].sequence_parallel: torchtitan 0.2.x"):
-        titan_toml(load_export_source(plan), csv_path="x.csv")
+        titan_toml(titan_fields(load_export_source(plan), csv_path="x.csv"))
 
 
 def _titan_python_fields(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -44,7 +44,7 @@ job configs by Python dataclasses; :data:`TORCHTITAN_PARALLEL_COMMIT`):
 
 Example::
 
-    text = titan_toml(source, csv_path="plan-torchtitan/schedule_compute.csv")
+    text = titan_toml(titan_fields(source, csv_path="plan-torchtitan/schedule_compute.csv"))
 """
 
 from __future__ import annotations
@@ -262,10 +262,20 @@ class TitanFields:
     """``training.local_batch_size``: microbatches per replica x their size."""
     microbatches: int
     """Microbatches per data-parallel replica (for the comments)."""
+    checkpointing: str
+    """The ``[activation_checkpoint]`` mode line (:func:`titan_checkpointing`)."""
     full_checkpointing: bool
     """Every stage checkpoints each layer (torchtitan's full AC); else none."""
     header: list[str]
     """Comment lines: the plan, the commits checked, the module names."""
+    plan_path: str | None
+    """The plan file, named in refusals."""
+
+    @property
+    def in_toml(self) -> bool:
+        """Whether 0.2.x's TOML can say it: not tensor parallelism without sequence
+        parallelism, which only 0.3 turns off."""
+        return self.tp_degree == 1 or self.sequence_parallel
 
 
 def titan_fields(source: ExportSource, *, csv_path: str) -> TitanFields:
@@ -336,26 +346,28 @@ def titan_fields(source: ExportSource, *, csv_path: str) -> TitanFields:
         modules=modules,
         local_batch_size=plan.microbatch_size * layout.microbatches_per_replica,
         microbatches=layout.microbatches_per_replica,
-        full_checkpointing=checkpointing.startswith('mode = "full"'),
+        checkpointing=checkpointing,
+        # titan_checkpointing refused anything but none or every stage per layer.
+        full_checkpointing=any(st.recompute for st in plan.stages),
         header=header,
+        plan_path=source.plan_path,
     )
 
 
-def titan_toml(source: ExportSource, *, csv_path: str) -> str:
+def titan_toml(f: TitanFields) -> str:
     """The TOML fragment to paste into a torchtitan 0.2.x job config.
 
     Example::
 
-        print(titan_toml(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
+        print(titan_toml(titan_fields(source, csv_path="/abs/schedule_compute.csv")))
     """
-    f = titan_fields(source, csv_path=csv_path)
-    if f.tp_degree > 1 and not f.sequence_parallel:
+    if not f.in_toml:
         raise InputError(
             "torchtitan 0.2.x applies sequence parallelism with every tensor-parallel degree "
             f"(commit {TORCHTITAN_PARALLEL_COMMIT[:12]}: no field turns it off); 0.3's "
             "enable_sequence_parallel does (torchtitan_config.py), or solve with "
             "--sequence-parallel",
-            file=source.plan_path,
+            file=f.plan_path,
             field="stages[0].sequence_parallel",
         )
     lines = [
@@ -383,21 +395,20 @@ def titan_toml(source: ExportSource, *, csv_path: str) -> str:
         "bfloat16 casts FSDP's parameters",
         "",
         "[activation_checkpoint]",
-        titan_checkpointing(source),
+        f.checkpointing,
     ]
     return "\n".join(lines) + "\n"
 
 
-def titan_python(source: ExportSource, *, csv_path: str) -> str:
+def titan_python(f: TitanFields) -> str:
     """``torchtitan_config.py``: a torchtitan 0.3 config registry with one config,
     ``pipeplan``, that is :data:`TITAN_BASE` (a config of torchtitan's own registry) with
     the plan's parallelism, local batch and activation checkpointing.
 
     Example::
 
-        print(titan_python(source, csv_path="/abs/plan-torchtitan/schedule_compute.csv"))
+        print(titan_python(titan_fields(source, csv_path="/abs/schedule_compute.csv")))
     """
-    f = titan_fields(source, csv_path=csv_path)
     world = f.pp_degree * f.replicate * f.shard * f.tp_degree
     ac = "FullAC.Config()" if f.full_checkpointing else "None"
     ac_import = (
@@ -464,10 +475,9 @@ def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> lis
     """
     csv_path = out_dir / "schedule_compute.csv"
     fields = titan_fields(source, csv_path=str(csv_path.resolve()))
-    python = titan_python(source, csv_path=str(csv_path.resolve()))
     outs.write_text(csv_path, csv_text(source.layout.compute_rows[0]))
     notes = []
-    if fields.tp_degree > 1 and not fields.sequence_parallel:
+    if not fields.in_toml:
         stale = (out_dir / "torchtitan.toml").exists()
         notes.append(
             "no torchtitan.toml: torchtitan 0.2.x applies sequence parallelism with every "
@@ -475,8 +485,6 @@ def export_torchtitan(outs: Outputs, source: ExportSource, out_dir: Path) -> lis
             + ("; the torchtitan.toml already in the folder is not this plan's" if stale else "")
         )
     else:
-        outs.write_text(
-            out_dir / "torchtitan.toml", titan_toml(source, csv_path=str(csv_path.resolve()))
-        )
-    outs.write_text(out_dir / "torchtitan_config.py", python)
+        outs.write_text(out_dir / "torchtitan.toml", titan_toml(fields))
+    outs.write_text(out_dir / "torchtitan_config.py", titan_python(fields))
     return notes
