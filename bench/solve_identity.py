@@ -28,7 +28,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -57,15 +56,7 @@ Case = Callable[[], Any]
 
 def _with_memory(topology: Topology, memory_bytes: int) -> Topology:
     """``topology`` with every device's memory set to ``memory_bytes``."""
-    devices = [dataclasses.replace(d, memory_bytes=memory_bytes) for d in topology.devices]
-    return Topology(
-        topology.name + "-tight",
-        topology.graph.copy(),
-        devices,
-        source=topology.source,
-        relay=topology.relay,
-        allreduce_efficiency=topology.allreduce_efficiency,
-    )
+    return topology.with_memory(memory_bytes, name=topology.name + "-tight")
 
 
 def _dump(plan: Any) -> dict[str, Any]:

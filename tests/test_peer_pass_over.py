@@ -8,7 +8,6 @@ OverLimit."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -54,15 +53,7 @@ def _profile() -> Profile:
 def _tight(name: str, gib: int) -> Topology:
     """A bundled topology with every device's memory set to ``gib`` GiB."""
     topo = load_topology(ROOT / "topologies" / f"{name}.yaml")
-    devices = [dataclasses.replace(d, memory_bytes=gib * 1024 * MIB) for d in topo.devices]
-    return Topology(
-        topo.name + "-tight",
-        topo.graph.copy(),
-        devices,
-        source=topo.source,
-        relay=topo.relay,
-        allreduce_efficiency=topo.allreduce_efficiency,
-    )
+    return topo.with_memory(gib * 1024 * MIB, name=topo.name + "-tight")
 
 
 def _plan_dict(profile: Profile, topo: Topology) -> tuple[dict[str, Any], int]:

@@ -4,7 +4,6 @@ simulation's."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,7 @@ def _tight() -> tuple[Profile, Topology, PlanShape]:
     )
     shape = PlanShape(stages, "1f1b", mb, 8, 1)
     peak = max(simulate_shape(profile, topo, shape).memory_bytes.values())
-    devices = [dataclasses.replace(d, memory_bytes=int(peak * 0.6)) for d in topo.devices]
-    tight = Topology(
-        topo.name + "-tight",
-        topo.graph.copy(),
-        devices,
-        source=topo.source,
-        relay=topo.relay,
-        allreduce_efficiency=topo.allreduce_efficiency,
-    )
+    tight = topo.with_memory(int(peak * 0.6), name=topo.name + "-tight")
     return profile, tight, shape
 
 

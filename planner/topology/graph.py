@@ -468,6 +468,24 @@ class Topology:
             allreduce_efficiency=self.allreduce_efficiency,
         )
 
+    def with_memory(self, memory_bytes: int, *, name: str | None = None) -> Topology:
+        """A copy with every device's memory set to ``memory_bytes`` (named ``name``, or
+        as this one).
+
+        Example::
+
+            tight = topo.with_memory(8 * 2**30, name=topo.name + "-tight")
+        """
+        devices = [replace(d, memory_bytes=memory_bytes) for d in self.devices]
+        return Topology(
+            self.name if name is None else name,
+            self.graph.copy(),
+            devices,
+            source=self.source,
+            relay=self.relay,
+            allreduce_efficiency=self.allreduce_efficiency,
+        )
+
     def links(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """Every link as ``(u, v, data)`` in a stable order (by node rank).
 
