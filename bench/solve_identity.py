@@ -59,7 +59,7 @@ def _with_memory(topology: Topology, memory_bytes: int) -> Topology:
     return topology.with_memory(memory_bytes, name=topology.name + "-tight")
 
 
-def _dump(plan: Any) -> dict[str, Any]:
+def plan_without_times(plan: Any) -> dict[str, Any]:
     """The plan JSON without its wall times (the solver's and the ILP's ``seconds``)."""
     data = plan.to_dict()
     solver = data.get("solver", {})
@@ -78,7 +78,7 @@ def _solve(
         plan = solve(profile, topology, profile_path=path, topology_path=topo_path, **kw)
     except InputError as e:
         return {"error": str(e)}
-    return _dump(plan)
+    return plan_without_times(plan)
 
 
 def _tight(profile: Profile, path: str, topology: Topology, topo_path: str) -> Any:

@@ -9,6 +9,7 @@ OverLimit."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ from planner.stages import StageSpec
 from planner.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.solve_identity import plan_without_times  # noqa: E402
+
 MIB = 2**20
 
 
@@ -58,12 +63,8 @@ def _tight(name: str, gib: int) -> Topology:
 
 def _plan_dict(profile: Profile, topo: Topology) -> tuple[dict[str, Any], int]:
     """The plan JSON without the wall times and the count of simulations, and that count."""
-    data = solve(profile, topo, num_microbatches=16).to_dict()
-    sims = data["solver"].pop("simulations")
-    data["solver"].pop("seconds", None)
-    if data["solver"].get("ilp"):
-        data["solver"]["ilp"].pop("seconds", None)
-    return data, sims
+    data = plan_without_times(solve(profile, topo, num_microbatches=16))
+    return data, data["solver"].pop("simulations")
 
 
 @pytest.mark.parametrize(("name", "gib"), [("two-node-ib", 3), ("dgx1-v100", 12)])
