@@ -125,7 +125,7 @@ def check_architecture(name: str, tmp: Path, kinds: tuple[str, ...]) -> list[dic
 
     model = write_model_file(name, tmp)
     t0 = time.perf_counter()
-    profile = profile_model(model, [1, MICROBATCH_SIZE], repeat=3, warmup=1)
+    profile = profile_model(model, [1, MICROBATCH_SIZE], repeat=3, warmup=1, min_time_s=0)
     profile_s = time.perf_counter() - t0
     profile_path = tmp / f"{name}.json"
     profile.save(profile_path)

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_MICROBATCH_SIZE",
     "MAX_NAME_CHARS",
     "MAX_NESTING",
+    "MAX_MIN_TIME_S",
     "MAX_REPEATS",
     "MAX_RUN_STEPS",
     "MAX_SCHEDULE_OPS",
@@ -134,7 +135,10 @@ MAX_SPEED = 1e6
 
 MAX_REPEATS = 10_000
 """Timed (``--repeat``) or untimed (``--warmup``) runs per layer when profiling; each timed
-run's time is kept. Real profiles use 3 to 100."""
+run's time is kept. Real profiles use 3 to 100. Also the most rounds ``--min-time`` adds."""
+
+MAX_MIN_TIME_S = 3600.0
+"""Longest ``profile --min-time`` (seconds the timed rounds last at least)."""
 
 MAX_RUN_STEPS = 1_000_000
 """Training steps of ``pipeplan run`` (``--steps``, and ``--warmup`` before them): it checks a

@@ -41,5 +41,5 @@ def test_profiles_record_the_allocator() -> None:
     from planner.profile import profile_model
 
     model = Path(__file__).resolve().parent / "models" / "skip.py"
-    profile = profile_model(model, [1], repeat=1, warmup=0)
+    profile = profile_model(model, [1], repeat=1, warmup=0, min_time_s=0)
     assert profile.meta["allocator"] == keep_freed_memory()

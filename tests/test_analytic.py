@@ -127,7 +127,7 @@ def test_bf16_saved_bytes_within_5_percent_of_a_measured_cpu_profile(example: st
     if example.startswith("hf_"):
         pytest.importorskip("transformers")
     path = EXAMPLES / example
-    measured = profile_model(path, [1], repeat=1, warmup=0, precision="bf16")
+    measured = profile_model(path, [1], repeat=1, warmup=0, min_time_s=0, precision="bf16")
     analytic = analytic_profile(path, [1], gpu="h100-sxm", precision="bf16")
     got, want = analytic.measurement(1).layers, measured.measurement(1).layers
     assert [t.output_bytes for t in got] == [t.output_bytes for t in want]
@@ -462,6 +462,7 @@ def test_cli_writes_an_analytic_profile(tmp_path: Path, capsys: pytest.CaptureFi
         (["--efficiency", "matmul=0.5"], "--efficiency"),
         (["--analytic", "--gpu", "h100-sxm", "--efficiency", "matmul=7"], "--efficiency"),
         (["--analytic", "--gpu", "h100-sxm", "--repeat", "3"], "--repeat"),
+        (["--analytic", "--gpu", "h100-sxm", "--min-time", "0"], "--min-time"),
         (["--analytic", "--gpu", "h100-sxm", "--timing", "pass"], "--timing"),
         (["--analytic", "--gpu", "h100-sxm", "--colocate", "2"], "--colocate"),
         (["--analytic", "--gpu", "nowhere/gpu.yaml"], ""),
@@ -520,7 +521,7 @@ def test_a_measured_bf16_profile_of_a_mixture_of_experts_runs(tmp_path: Path) ->
     pytest.importorskip("transformers")
     path = tmp_path / "mixtral.py"
     path.write_text(MIXTRAL)
-    profile = profile_model(path, [1], repeat=1, warmup=0, precision="bf16")
+    profile = profile_model(path, [1], repeat=1, warmup=0, min_time_s=0, precision="bf16")
     assert profile.precision == "bf16" and profile.measurement(1).layers[1].forward_ms > 0
 
 

@@ -52,7 +52,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_colocated_profile_records_it_and_leaves_no_companion() -> None:
-    profile = profile_model(MLP, [1], repeat=1, warmup=0, colocate=2)
+    profile = profile_model(MLP, [1], repeat=1, warmup=0, min_time_s=0, colocate=2)
     assert profile.settings.colocation is not None
     assert profile.settings.colocation.processes == 2
     assert profile.settings.colocation.method == "companions"

@@ -525,7 +525,7 @@ def test_hugging_face_model_exports_and_trains_like_one_process(tmp_path: Path) 
 
     model = ROOT / "examples" / "hf_llama.py"
     prof = tmp_path / "hf_llama.json"
-    profile_model(model, [2], repeat=1, warmup=0, optimizer="momentum").save(prof)
+    profile_model(model, [2], repeat=1, warmup=0, min_time_s=0, optimizer="momentum").save(prof)
     plan = make_plan(tmp_path, "hf_llama", "0-2:cpu0;3-6:cpu1", "1f1b", 2, 2, profile=prof)
     result = export_plan(plan, "torch", tmp_path / "out", model=model)
     got = run_exported(result.out_dir, result.world_size, 2)
@@ -538,7 +538,7 @@ def cat_skip_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from planner.profile.measure import profile_model
 
     path = tmp_path_factory.mktemp("cat") / "cat_skip.json"
-    profile_model(CAT_SKIP, [2], repeat=1, warmup=0, optimizer="momentum").save(path)
+    profile_model(CAT_SKIP, [2], repeat=1, warmup=0, min_time_s=0, optimizer="momentum").save(path)
     return path
 
 

@@ -59,7 +59,8 @@ def test_profile_cli_takes_a_hugging_face_model(tmp_path: Path) -> None:
     out = tmp_path / "gpt2.json"
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", "profile", str(ROOT / "examples" / "hf_gpt2.py"),
-         "-b", "1,2", "--repeat", "1", "--warmup", "0", "-o", str(out), "--quiet"],
+         "-b", "1,2", "--repeat", "1", "--warmup", "0", "--min-time", "0", "-o", str(out),
+         "--quiet"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -311,6 +311,12 @@ def test_detect_refuses_an_nvlink_count_of_any_length(
         (["-b", "99999999999"], "-b: expected an integer from 1 to 1,000,000"),
         (["--repeat", str(10**12)], "--repeat: expected an integer from 1 to 10,000"),
         (["--warmup", str(10**12)], "--warmup: expected an integer from 0 to 10,000"),
+        (
+            ["--min-time", "1e12"],
+            "--min-time: expected seconds from 0 to 3600, got 1000000000000.0",
+        ),
+        (["--min-time", "nan"], "--min-time: expected seconds from 0 to 3600"),
+        (["--min-time", "-1"], "--min-time: expected seconds from 0 to 3600"),
     ],
 )
 def test_profile_refuses_counts_it_would_allocate_for(

@@ -182,7 +182,19 @@ WRITERS = (
     ),
     Writer(
         "profile",
-        ("profile", "{d}/mlp.py", "-b", "1", "--repeat", "1", "--warmup", "0", "-q"),
+        (
+            "profile",
+            "{d}/mlp.py",
+            "-b",
+            "1",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--min-time",
+            "0",
+            "-q",
+        ),
         ("-o",),
         ("mlp.py",),
     ),
@@ -451,7 +463,19 @@ def test_a_write_that_fails_after_its_checks_is_one_line_exit_1_and_leaves_nothi
         + "    return _build()\n"
     )
     monkeypatch.setenv("HOSTILE_REMOVES", str(out))
-    args = ["profile", str(model), "-b", "1", "--repeat", "1", "--warmup", "0", "-q"]
+    args = [
+        "profile",
+        str(model),
+        "-b",
+        "1",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--min-time",
+        "0",
+        "-q",
+    ]
     code, _, err = _run([*args, "-o", str(out / "p.json")], capsys)
     lines = err.strip().splitlines()
     assert code == 1, err

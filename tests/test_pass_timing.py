@@ -179,7 +179,9 @@ def test_memory_arithmetic_in_closed_form() -> None:
 
 
 def test_profile_with_pass_timing_on_cpu(tmp_path: Path) -> None:
-    profile = profile_model(MODELS / "skip.py", [1, 2], repeat=2, warmup=1, timing="pass")
+    profile = profile_model(
+        MODELS / "skip.py", [1, 2], repeat=2, warmup=1, min_time_s=0, timing="pass"
+    )
     assert profile.settings.timing == "pass" and profile.settings.clock == "thread_time"
     for m in profile.measurements:
         assert m.pass_forward_ms and m.pass_backward_ms
@@ -192,7 +194,7 @@ def test_profile_with_pass_timing_on_cpu(tmp_path: Path) -> None:
     assert "pass_forward_ms" in raw["measurements"][0]
     assert load_profile(path).to_dict() == profile.to_dict()
     # The CPU default is unchanged: layer timing, no whole-pass fields.
-    default = profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0)
+    default = profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0, min_time_s=0)
     assert default.settings.timing == "layer"
     assert default.measurements[0].pass_forward_ms is None
     assert "pass_forward_ms" not in default.to_dict()["measurements"][0]
@@ -204,7 +206,7 @@ def test_timing_choice_is_checked() -> None:
     with pytest.raises(InputError, match="--timing"):
         check_timing("event")
     with pytest.raises(InputError, match="--timing"):
-        profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0, timing="both")
+        profile_model(MODELS / "skip.py", [1], repeat=1, warmup=0, min_time_s=0, timing="both")
 
 
 def test_profile_command_takes_timing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,7 +215,7 @@ def test_profile_command_takes_timing(tmp_path: Path, capsys: pytest.CaptureFixt
     target = tmp_path / "p.json"
     args = ["profile", str(MODELS / "skip.py"), "-b", "1", "-o", str(target), "-q"]
     with pytest.raises(SystemExit) as info:
-        main([*args, "--repeat", "2", "--warmup", "1", "--timing", "pass"])
+        main([*args, "--repeat", "2", "--warmup", "1", "--min-time", "0", "--timing", "pass"])
     assert info.value.code in (0, None)
     assert load_profile(target).settings.timing == "pass"
     capsys.readouterr()

@@ -84,8 +84,8 @@ def test_bf16_run_equals_single_process_bf16(
 
 
 def test_bf16_profile_halves_what_crosses_the_cuts() -> None:
-    bf16 = profile_model(BF16, [4], repeat=1, warmup=0, precision="bf16")
-    fp16 = profile_model(FP16, [4], repeat=1, warmup=0, precision="fp16")
+    bf16 = profile_model(BF16, [4], repeat=1, warmup=0, min_time_s=0, precision="bf16")
+    fp16 = profile_model(FP16, [4], repeat=1, warmup=0, min_time_s=0, precision="fp16")
     assert bf16.precision == "bf16" and fp16.precision == "fp16"
     assert fp16.measurement(4).layers[0].output_bytes == 4 * 32 * 2  # fp16 Linear output
     linear = [0, 2, 4]  # Linear layers make bf16 outputs under autocast; GELU keeps them
@@ -183,7 +183,7 @@ def test_bf16_profile_solve_run_from_the_command_line(tmp_path: Path) -> None:
     profile, plan = tmp_path / "p.json", tmp_path / "plan.json"
     done = pipeplan(
         "profile", str(BF16), "-b", "2", "--precision", "bf16", "--repeat", "1",
-        "--warmup", "0", "-o", str(profile), "--quiet",
+        "--warmup", "0", "--min-time", "0", "-o", str(profile), "--quiet",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(profile.read_text())["precision"] == "bf16"

@@ -16,7 +16,7 @@ from planner.profile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"
-FAST = ["--repeat", "2", "--warmup", "1"]
+FAST = ["--repeat", "2", "--warmup", "1", "--min-time", "0", "--min-time", "0"]
 
 
 def torch_cuda_available() -> bool:

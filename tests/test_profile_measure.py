@@ -23,7 +23,7 @@ SKIP = MODELS / "skip.py"
 
 @pytest.fixture(scope="module")
 def skip_profile() -> Profile:
-    return profile_model(SKIP, [1, 3], repeat=2, warmup=1, optimizer="adam")
+    return profile_model(SKIP, [1, 3], repeat=2, warmup=1, min_time_s=0, optimizer="adam")
 
 
 def test_parameter_bytes_sum_to_the_model(skip_profile: Profile) -> None:
@@ -77,6 +77,7 @@ def test_first_layer_has_no_input_half_for_integer_inputs() -> None:
         [1],
         repeat=1,
         warmup=0,
+        min_time_s=0,
         split_at="blocks.0",
     )
     first = profile.measurements[0].layers[0]
@@ -86,7 +87,7 @@ def test_first_layer_has_no_input_half_for_integer_inputs() -> None:
 
 @pytest.mark.parametrize("optimizer", ["adam", "momentum", "sgd"])
 def test_optimizer_state_bytes_match_torch_optimizers(optimizer: str) -> None:
-    profile = profile_model(SKIP, [1], repeat=1, warmup=0, optimizer=optimizer)
+    profile = profile_model(SKIP, [1], repeat=1, warmup=0, min_time_s=0, optimizer=optimizer)
     model = load_model_file(SKIP).build()
     opt: torch.optim.Optimizer
     if optimizer == "adam":
@@ -124,7 +125,7 @@ def test_bad_microbatch_sizes_are_rejected(text: str) -> None:
 
 def test_threads_are_restored_after_profiling() -> None:
     before = torch.get_num_threads()
-    profile = profile_model(SKIP, [1], repeat=1, warmup=0, threads=1)
+    profile = profile_model(SKIP, [1], repeat=1, warmup=0, min_time_s=0, threads=1)
     assert torch.get_num_threads() == before
     assert profile.settings.threads == 1
     assert profile.device == "cpu" and profile.meta["host"]["cpu_count"]
@@ -175,12 +176,25 @@ def test_timed_runs_go_round_robin_over_layers_and_sizes(monkeypatch: pytest.Mon
         return real_once(self)
 
     monkeypatch.setattr(measure._Runner, "once", once)
-    profile = profile_model(SKIP, [1, 3], repeat=3, warmup=1)
+    profile = profile_model(SKIP, [1, 3], repeat=3, warmup=1, min_time_s=0)
     runners = 2 * profile.num_layers
     assert len(calls) == (1 + 3) * runners
     rounds = [calls[r * runners : (r + 1) * runners] for r in range(4)]
     assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # each round covers everything
     assert {size for size, _ in rounds[0]} == {1, 3}
+
+
+def test_min_time_adds_whole_rounds_until_it_has_passed() -> None:
+    """``min_time_s`` goes on past ``repeat``, a whole round at a time, until the timed rounds
+    have lasted that long; ``meta`` records the rounds; 0 times exactly ``repeat``."""
+    import time
+
+    start = time.perf_counter()
+    profile = profile_model(SKIP, [1, 3], repeat=2, warmup=0, min_time_s=0.3)
+    assert time.perf_counter() - start >= 0.6  # the layers' rounds, then the optimizer's
+    assert profile.meta["rounds"] > 2 and profile.meta["min_time_s"] == 0.3
+    exact = profile_model(SKIP, [1], repeat=2, warmup=0, min_time_s=0)
+    assert exact.meta["rounds"] == 2
 
 
 def test_backward_adds_into_the_parameters_grad_as_training_does() -> None:

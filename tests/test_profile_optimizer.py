@@ -34,7 +34,7 @@ def sample_batch(batch_size):
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Profile, Path]:
     path = tmp_path_factory.mktemp("opt") / "model.py"
     path.write_text(MODEL)
-    return profile_model(path, [2, 4], repeat=3, warmup=1, optimizer="adam"), path
+    return profile_model(path, [2, 4], repeat=3, warmup=1, min_time_s=0, optimizer="adam"), path
 
 
 def test_step_is_positive_for_layers_with_parameters_under_adam(

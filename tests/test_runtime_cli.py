@@ -47,7 +47,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("run")
     model = root / "tiny.py"
     model.write_text(TINY)
-    profile = profile_model(model, [2], repeat=1, warmup=0)
+    profile = profile_model(model, [2], repeat=1, warmup=0, min_time_s=0)
     profile_path = root / "tiny.json"
     profile.save(profile_path)
     stages = parse_stages("0-1:cpu0;2:cpu1")

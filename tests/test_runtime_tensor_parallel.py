@@ -171,7 +171,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
     time on the group's ring; the run is exact too."""
     profile = profile_with_shards(
         GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
-        repeat=1, warmup=0,
+        repeat=1, warmup=0, min_time_s=0,
     )  # fmt: skip
     path = tmp_path / "tiny_gpt.json"
     profile.save(path)
@@ -235,7 +235,7 @@ def test_what_cannot_run_exactly_is_refused_before_any_process_starts() -> None:
 def test_a_tied_parameter_the_profile_lists_is_refused_before_launch(tmp_path: Path) -> None:
     from planner.profile import profile_model
 
-    profile = profile_model(MODELS / "tied.py", [MBS], repeat=1, warmup=0)
+    profile = profile_model(MODELS / "tied.py", [MBS], repeat=1, warmup=0, min_time_s=0)
     profile_path = tmp_path / "tied.json"
     profile.save(profile_path)
     ref = FileRef(str(profile_path), sha256_file(profile_path))

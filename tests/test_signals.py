@@ -154,7 +154,7 @@ def run_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model = root / "tiny.py"
     model.write_text(TINY)
     profile_path = root / "tiny.json"
-    profile_model(model, [2], repeat=1, warmup=0).save(profile_path)
+    profile_model(model, [2], repeat=1, warmup=0, min_time_s=0).save(profile_path)
     stages = parse_stages("0-1:cpu0;2:cpu1")
     plan = Plan(
         profile=FileRef(str(profile_path), sha256_file(profile_path)),

@@ -43,7 +43,7 @@ from planner.profile.tp_plan import layer_modules, tensor_parallel_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-FAST: dict[str, Any] = {"repeat": 1, "warmup": 0}
+FAST: dict[str, Any] = {"repeat": 1, "warmup": 0, "min_time_s": 0}
 F32 = 4
 
 

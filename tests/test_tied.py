@@ -66,7 +66,7 @@ def test_find_tied_parameters_by_identity() -> None:
 
 
 def test_profile_records_ties_and_round_trips(tmp_path: Path) -> None:
-    profile = profile_model(TIED, [2], repeat=1, warmup=0)
+    profile = profile_model(TIED, [2], repeat=1, warmup=0, min_time_s=0)
     assert profile.tied_parameters == [EMBED, SHARED]
     path = tmp_path / "p.json"
     profile.save(path)

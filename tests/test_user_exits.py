@@ -96,7 +96,7 @@ def misbehaves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """misbehaves.py profiled (well behaved), a one-rank and a two-rank plan of it."""
     root = tmp_path_factory.mktemp("misbehaves")
     profile_path = root / "misbehaves.json"
-    profile_model(MISBEHAVES, [2], repeat=1, warmup=0).save(profile_path)
+    profile_model(MISBEHAVES, [2], repeat=1, warmup=0, min_time_s=0).save(profile_path)
     files = {"root": root, "profile": profile_path}
     for name, text in (("one", "0-2:cpu0"), ("two", "0-1:cpu0;2:cpu1")):
         stages = parse_stages(text)
@@ -144,7 +144,8 @@ def pipeplan(args: list[str], tmp_path: Path, misbehave: str) -> tuple[int, str]
 def test_profile(misbehaves: dict[str, Path], tmp_path: Path, misbehave: str, says: str) -> None:
     out = tmp_path / "p.json"
     code, line = pipeplan(
-        ["profile", str(MISBEHAVES), "-b", "2", "--repeat", "1", "--warmup", "0", "-o", str(out)],
+        ["profile", str(MISBEHAVES), "-b", "2", "--repeat", "1", "--warmup", "0",
+         "--min-time", "0", "-o", str(out)],
         tmp_path,
         misbehave,
     )  # fmt: skip

@@ -268,7 +268,7 @@ def test_an_untraceable_model_is_named_in_the_error(
     model = MODELS / "untraceable.py"
     _refused(
         ["profile", str(model), "-b", "1", "-o", str(tmp_path / "u.json")]
-        + ["--repeat", "1", "--warmup", "0"],
+        + ["--repeat", "1", "--warmup", "0", "--min-time", "0"],
         capsys,
         str(model),
         "could not capture forward()",

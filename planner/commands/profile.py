@@ -27,7 +27,9 @@ from planner.profile.colocation import MAX_COLOCATE, check_colocate
 from planner.profile.isolated import call_isolated
 from planner.profile.loader import check_model_path, model_name
 from planner.profile.measure import (
+    MIN_TIME_S,
     check_device,
+    check_min_time,
     check_timing,
     optimizer_state_bytes,
     parse_microbatch_sizes,
@@ -139,6 +141,7 @@ def run_profile(
     console: Console | None = None,
     show_progress: bool = True,
     colocate: int = 1,
+    min_time_s: float = MIN_TIME_S,
 ) -> tuple[Profile, Path]:
     """Validate the arguments, profile with a progress bar, write the profile atomically.
 
@@ -165,6 +168,7 @@ def run_profile(
     checked_device = check_device(device)
     check_timing(timing, checked_device.split(":")[0])
     check_colocate(colocate, checked_device.split(":")[0])
+    check_min_time(min_time_s)
     outs = Outputs([("the model file", model)])
     outs.file(output, "-o")
     check_model_path(model)  # its code runs only in the child below
@@ -205,6 +209,7 @@ def run_profile(
             timing=timing,
             progress=progress,
             colocate=colocate,
+            min_time_s=min_time_s,
         )
     outs.write_json(output, profile.to_dict())
     outs.commit()
@@ -242,7 +247,14 @@ def run_analytic(
     from rich.console import Console
 
     err = console or Console(stderr=True)
-    defaults = {"--device": "cpu", "--repeat": 5, "--warmup": 2, "--timing": None, "--colocate": 1}
+    defaults = {
+        "--device": "cpu",
+        "--repeat": 5,
+        "--min-time": MIN_TIME_S,
+        "--warmup": 2,
+        "--timing": None,
+        "--colocate": 1,
+    }
     for flag, value in (measuring or {}).items():
         if value != defaults.get(flag):
             raise InputError(
@@ -363,7 +375,16 @@ def profile(
         "timed on its own (default on CPU).",
         show_default=False,
     ),
-    repeat: int = typer.Option(5, "--repeat", help="Timed runs per layer; times are medians."),
+    repeat: int = typer.Option(
+        5, "--repeat", help="Timed runs per layer at least; times are medians."
+    ),
+    min_time: float = typer.Option(
+        MIN_TIME_S,
+        "--min-time",
+        help="Seconds the timed runs go on for at least (more rounds than --repeat until "
+        "then; the optimizer's steps as long again): a machine's speed drifts over seconds. "
+        "0: exactly --repeat.",
+    ),
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per layer before timing."),
     threads: int = typer.Option(1, "--threads", help="CPU threads (torch.set_num_threads)."),
     colocate: int = typer.Option(
@@ -449,6 +470,7 @@ def profile(
             measuring={
                 "--device": device,
                 "--repeat": repeat,
+                "--min-time": min_time,
                 "--warmup": warmup,
                 "--timing": timing,
                 "--colocate": colocate,
@@ -479,6 +501,7 @@ def profile(
         console=err,
         show_progress=not quiet and not as_json,
         colocate=colocate,
+        min_time_s=min_time,
     )
     _report(result, path, time.perf_counter() - started, as_json=as_json, quiet=quiet)
 

@@ -17,7 +17,13 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   microbatch size), followed by ``zero_grad(set_to_none=False)`` -- what the runtime's
   ``STEP`` does. The weights are restored afterwards.
 
-Times are medians of ``repeat`` runs after ``warmup`` runs; ``spread`` keeps the quartiles.
+Times are medians of the timed rounds after ``warmup`` untimed ones; ``spread`` keeps the
+quartiles. A profile times at least ``repeat`` rounds and goes on, round by round, until its
+timed rounds have lasted ``min_time_s`` (the optimizer's steps the same, on their own): a
+shared machine's speed drifts over seconds, and a profile timed in a fraction of a second
+catches one moment of it, which a run seconds later does not see (issue 23: five
+consecutive 0.2 s profiles of examples/mlp.py spread 0.9-1.3x; timed over 2.5 s,
+0.97-1.05x). ``meta.rounds`` records how many rounds the layers got.
 Two timing methods (``timing``, recorded in ``Profile.settings.timing``):
 
 - ``layer`` (the default on CPU): each layer measured in isolation as above, each interval
@@ -52,13 +58,19 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from planner.allocator import keep_freed_memory
 from planner.errors import InputError
-from planner.limits import MAX_MICROBATCH_SIZE, MAX_REPEATS, MAX_THREADS, check_int
+from planner.limits import (
+    MAX_MICROBATCH_SIZE,
+    MAX_MIN_TIME_S,
+    MAX_REPEATS,
+    MAX_THREADS,
+    check_int,
+)
 from planner.optimizers import make_optimizer, optimizer_state_bytes
 from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
@@ -82,8 +94,10 @@ from planner.profile.tied import find_tied_parameters
 from planner.tensors import detach, tensors, to_device
 
 __all__ = [
+    "MIN_TIME_S",
     "TIMING_METHODS",
     "check_device",
+    "check_min_time",
     "check_timing",
     "ProgressFn",
     "optimizer_state_bytes",
@@ -91,6 +105,10 @@ __all__ = [
     "profile_model",
     "measure_layer",
 ]
+
+MIN_TIME_S = 2.0
+"""Seconds a profile's timed rounds last at least by default (``--min-time``; the optimizer's
+steps as long again): long enough to see the machine's speed over seconds, not one moment."""
 
 TIMING_METHODS = ("pass", "layer")
 """``pass``: layers timed inside whole passes; ``layer``: each layer on its own (see above)."""
@@ -153,6 +171,24 @@ class _Settings:
     precision: str = "fp32"  # forward (and loss) under torch.autocast: see planner.precision
     timing: str = "layer"  # TIMING_METHODS
     colocate: int = 1  # processes computing on the host while timing (planner.profile.colocation)
+    min_time_s: float = 0.0  # timed rounds go on until they have lasted this long
+    rounds: int = 0  # the layers' timed rounds, as measured (meta.rounds)
+
+    def rounds_of(self) -> Iterator[int]:
+        """The timed rounds: ``repeat`` at least, then more until ``min_time_s`` has passed
+        since the first began (at most ``MAX_REPEATS``).
+
+        Example::
+
+            list(_Settings(torch.device("cpu"), 3, 0).rounds_of())   # [0, 1, 2]
+        """
+        start = time.perf_counter()
+        r = 0
+        while r < self.repeat or (
+            r < MAX_REPEATS and time.perf_counter() - start < self.min_time_s
+        ):
+            yield r
+            r += 1
 
     def autocast(self) -> Any:
         """The forward's autocast context (none for fp32)."""
@@ -196,6 +232,7 @@ def profile_model(
     timing: str | None = None,
     progress: ProgressFn | None = None,
     colocate: int = 1,
+    min_time_s: float = MIN_TIME_S,
 ) -> Profile:
     """Load ``model.py`` at ``path``, split it into layers and measure every layer.
 
@@ -214,10 +251,12 @@ def profile_model(
     included; above 1, ``colocate - 1`` companions (:mod:`planner.profile.companions`) run
     the model's training step beside it and intervals are read from ``perf_counter``, the
     run's clock; ``Profile.settings.colocation`` records it (:mod:`planner.profile.colocation`).
+    Timed rounds: ``repeat`` at least, and more until they have lasted ``min_time_s``
+    (module docstring; 0: exactly ``repeat``).
 
     Example::
 
-        profile = profile_model("examples/mlp.py", [1, 8], repeat=3, warmup=1)
+        profile = profile_model("examples/mlp.py", [1, 8], repeat=3, warmup=1, min_time_s=0)
         profile = profile_model("examples/gpt.py", [1, 2], colocate=2)   # as 2 processes run
         [layer.name for layer in profile.layers]
     """
@@ -233,6 +272,7 @@ def profile_model(
         check_precision(precision),
         check_timing(timing, torch_device.type),
         check_colocate(colocate, torch_device.type),
+        check_min_time(min_time_s),
     )
     optimizer_state_bytes(0, optimizer)  # validates the name
     # Other work on the host, sampled before any of this profile's own (co-located only).
@@ -264,8 +304,10 @@ def profile_model(
             progress(0, settings.repeat, "measuring")
 
         def after_repeat(r: int) -> None:
+            settings.rounds = r + 1
             if progress is not None:
-                progress(r + 1, settings.repeat, f"repeat {r + 1}/{settings.repeat}")
+                total = max(settings.repeat, r + 1)
+                progress(min(r + 1, total), total, f"round {r + 1}")
 
         if settings.timing == "pass":
             measurements = _measure_in_passes(prepared, settings, after_repeat)
@@ -420,7 +462,7 @@ def _measure_in_passes(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as in _time_runners
     try:
-        for r in range(settings.repeat):
+        for r in settings.rounds_of():
             for size, into in zip(prepared, samples, strict=True):
                 into.append(size.passes.sample())
             if after_repeat is not None:
@@ -475,25 +517,29 @@ def _time_optimizer(
     samples: list[list[float]] = [[] for _ in runners]
     present = [(j, into) for j, into in zip(jobs, samples, strict=True) if j is not None]
     gc_was_enabled = gc.isenabled()
+
+    def steps() -> list[float]:
+        if settings.timing == "pass":
+            for job, _ in present:
+                job.restore_grads()
+            return time_calls([job.step for job, _ in present], settings.pass_clock())
+        times = []
+        for job, _ in present:
+            job.restore_grads()
+            times.append(job.run._timed(job.step)[1])
+        return times
+
     try:
         # One untimed step first: Adam and momentum create their state on the first step.
-        for r in range(1 + settings.warmup + settings.repeat):
-            if r == 1 + settings.warmup:
-                gc.disable()  # as in _time_runners: no collection inside a timed step
-            if r == 1 and settings.device.type == "cuda" and workspace is not None:
-                workspace[:] = [0 if job is None else job.workspace_bytes() for job in jobs]
-            if settings.timing == "pass":
-                for job, _ in present:
-                    job.restore_grads()
-                times = time_calls([job.step for job, _ in present], settings.pass_clock())
-            else:
-                times = []
-                for job, _ in present:
-                    job.restore_grads()
-                    times.append(job.run._timed(job.step)[1])
-            if r > settings.warmup:
-                for (_, into), ms in zip(present, times, strict=True):
-                    into.append(ms)
+        steps()
+        if settings.device.type == "cuda" and workspace is not None:  # the state exists now
+            workspace[:] = [0 if job is None else job.workspace_bytes() for job in jobs]
+        for _ in range(settings.warmup):
+            steps()
+        gc.disable()  # as in _time_runners: no collection inside a timed step
+        for _ in settings.rounds_of():
+            for (_, into), ms in zip(present, steps(), strict=True):
+                into.append(ms)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -579,7 +625,7 @@ def _time_runners(
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection in the middle of a timed interval is pure noise
     try:
-        for r in range(settings.repeat):
+        for r in settings.rounds_of():
             for run, into in zip(runners, samples, strict=True):
                 for name, ms in zip(_TIMINGS, run.once(), strict=True):
                     into[name].append(ms)
@@ -922,6 +968,24 @@ def _positive(value: int, flag: str) -> int:
     return check_int(value, field=flag, high=MAX_THREADS if flag == "--threads" else MAX_REPEATS)
 
 
+def check_min_time(value: float) -> float:
+    """``--min-time``: seconds, 0 to :data:`~planner.limits.MAX_MIN_TIME_S`.
+
+    Example::
+
+        check_min_time(2.0)   # 2.0
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (0 <= value <= MAX_MIN_TIME_S)
+    ):
+        raise InputError(
+            f"expected seconds from 0 to {MAX_MIN_TIME_S:g}, got {value!r}", field="--min-time"
+        )
+    return float(value)
+
+
 def _count(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"expected a non-negative integer, got {value!r}", field="--warmup")
@@ -963,6 +1027,8 @@ def _meta(settings: _Settings, split: Any, seconds: float) -> dict[str, Any]:
         "tool": "pipeplan profile",
         "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "repeat": settings.repeat,
+        "min_time_s": settings.min_time_s,
+        "rounds": settings.rounds,
         "warmup": settings.warmup,
         "split_points": list(split.split_points),
         "wall_seconds": round(seconds, 2),

@@ -104,11 +104,12 @@ def measure_shards(
     precision: str = "fp32",
     timing: str | None = None,
     progress: ProgressFn | None = None,
+    min_time_s: float = 0.0,
     **_: Any,
 ) -> None:
     """Fill ``profile``'s ``sharded`` entries for every setting of ``request`` (module
-    docstring), measured as ``profile`` was (the same device, repeats, threads, precision,
-    timing method and capture).
+    docstring), measured as ``profile`` was (the same device, repeats and time, threads,
+    precision, timing method and capture).
 
     Example::
 
@@ -124,6 +125,7 @@ def measure_shards(
         threads,
         precision,
         check_timing(timing, torch_device.type),
+        min_time_s=min_time_s,
     )
     old_threads = torch.get_num_threads()
     if torch_device.type == "cpu":
