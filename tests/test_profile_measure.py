@@ -61,13 +61,29 @@ def test_saved_bytes_are_positive_for_layers_with_weights(skip_profile: Profile)
     )
 
 
-def test_times_are_medians_inside_their_spread(skip_profile: Profile) -> None:
-    for m in skip_profile.measurements:
-        for t in m.layers:
-            for name in ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"):
-                low, high = t.spread[name]
-                assert low <= getattr(t, name) <= high
-            assert t.forward_ms > 0 and t.backward_ms > 0
+def test_times_are_means_of_the_timed_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stored time is the mean of its timed runs (a slow run counts, as in a training
+    step), the spread their quartiles; the optimizer's step likewise."""
+    from planner.profile import measure
+
+    seen: list[dict[str, list[float]]] = []
+    real = measure._timing
+
+    def keep(samples: dict[str, list[float]], *facts: int) -> measure.LayerTiming:
+        seen.append({k: list(v) for k, v in samples.items()})
+        return real(samples, *facts)
+
+    monkeypatch.setattr(measure, "_timing", keep)
+    profile = profile_model(SKIP, [1, 3], repeat=4, warmup=0, min_time_s=0)
+    timings = [t for m in profile.measurements for t in m.layers]
+    assert len(seen) == len(timings)
+    for samples, t in zip(seen, timings, strict=True):
+        for name in ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"):
+            assert len(samples[name]) == 4
+            assert getattr(t, name) == pytest.approx(sum(samples[name]) / 4, abs=1e-4)
+            low, high = t.spread[name]
+            assert min(samples[name]) <= low <= high <= max(samples[name])
+        assert t.forward_ms > 0 and t.backward_ms > 0
 
 
 def test_first_layer_has_no_input_half_for_integer_inputs() -> None:

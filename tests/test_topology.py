@@ -422,4 +422,4 @@ def test_allreduce_efficiency_slows_only_the_all_reduce() -> None:
     assert fifth.scaled(bandwidth=2).allreduce_efficiency == 0.2
     again = load_topology_text(fifth.to_yaml())
     assert again.allreduce_efficiency == 0.2 and "allreduce_efficiency" not in full.to_dict()
-    assert load_topology(ROOT / "topologies" / "cpu.yaml").allreduce_efficiency == 0.2
+    assert load_topology(ROOT / "topologies" / "cpu.yaml").allreduce_efficiency == 0.25

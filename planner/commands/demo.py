@@ -63,7 +63,7 @@ class DemoContext:
     work_dir: Path
     model: Path
     microbatch_sizes: list[int]
-    steps: int = 3
+    steps: int = 6
     results: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -145,7 +145,7 @@ def run_demo(
     *,
     out_dir: str | Path = "out/demo",
     microbatch_sizes: list[int] | None = None,
-    steps: int = 3,
+    steps: int = 6,
     console: Console | None = None,
 ) -> DemoContext:
     """Run every step of :data:`DEMO_STEPS` on a bundled example; returns the context.
@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
 def demo(
     model: str = typer.Option("gpt", "--model", help=f"Bundled example: {', '.join(BUNDLED)}."),
     out: Path = typer.Option(Path("out/demo"), "--out", help="Folder for the files it writes."),
-    steps: int = typer.Option(3, "--steps", min=1, help="Training steps to run and time."),
+    steps: int = typer.Option(6, "--steps", min=1, help="Training steps to run and time."),
     as_json: bool = typer.Option(
         False, "--json", help="Print what each step produced (files, seconds) as JSON."
     ),

@@ -17,13 +17,14 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   microbatch size), followed by ``zero_grad(set_to_none=False)`` -- what the runtime's
   ``STEP`` does. The weights are restored afterwards.
 
-Times are medians of the timed rounds after ``warmup`` untimed ones; ``spread`` keeps the
-quartiles. A profile times at least ``repeat`` rounds and goes on, round by round, until its
-timed rounds have lasted ``min_time_s`` (the optimizer's steps the same, on their own): a
-shared machine's speed drifts over seconds, and a profile timed in a fraction of a second
-catches one moment of it, which a run seconds later does not see (issue 23: five
-consecutive 0.2 s profiles of examples/mlp.py spread 0.9-1.3x; timed over 2.5 s,
-0.97-1.05x). ``meta.rounds`` records how many rounds the layers got.
+Times are means of the timed rounds after ``warmup`` untimed ones (a run's steps add up
+every layer's runs, the machine's slow spells included, which a median would leave out);
+``spread`` keeps the quartiles. A profile times at least ``repeat`` rounds and goes on,
+round by round, until its timed rounds have lasted ``min_time_s`` (the optimizer's steps
+the same, on their own): a shared machine's speed drifts over seconds, and a profile timed
+in a fraction of a second catches one moment of it, which a run seconds later does not see
+(issue 23: six consecutive 0.2 s profiles of examples/mlp.py spread 24.2-35.2 ms; timed
+over 2.5 s, 26.6-28.8 ms). ``meta.rounds`` records how many rounds the layers got.
 Two timing methods (``timing``, recorded in ``Profile.settings.timing``):
 
 - ``layer`` (the default on CPU): each layer measured in isolation as above, each interval
@@ -488,8 +489,8 @@ def _measure_in_passes(
                 size.size,
                 size.input_bytes,
                 timings,
-                pass_forward_ms=_round(statistics.median(s.whole_forward_ms for s in got)),
-                pass_backward_ms=_round(statistics.median(s.whole_backward_ms for s in got)),
+                pass_forward_ms=_round(statistics.fmean(s.whole_forward_ms for s in got)),
+                pass_backward_ms=_round(statistics.fmean(s.whole_backward_ms for s in got)),
             )
         )
         for p in size.passes.all_params:
@@ -546,7 +547,7 @@ def _time_optimizer(
         for maybe in jobs:
             if maybe is not None:
                 maybe.restore_weights()
-    return [_round(statistics.median(ms)) if ms else 0.0 for ms in samples]
+    return [_round(statistics.fmean(ms)) if ms else 0.0 for ms in samples]
 
 
 class _OptimizerJob:
@@ -641,10 +642,10 @@ def _timing(
     samples: dict[str, list[float]], output_bytes: int, saved: int, workspace: int
 ) -> LayerTiming:
     return LayerTiming(
-        forward_ms=_round(statistics.median(samples["forward_ms"])),
-        backward_ms=_round(statistics.median(samples["backward_ms"])),
-        backward_input_ms=_round(statistics.median(samples["backward_input_ms"])),
-        backward_weight_ms=_round(statistics.median(samples["backward_weight_ms"])),
+        forward_ms=_round(statistics.fmean(samples["forward_ms"])),
+        backward_ms=_round(statistics.fmean(samples["backward_ms"])),
+        backward_input_ms=_round(statistics.fmean(samples["backward_input_ms"])),
+        backward_weight_ms=_round(statistics.fmean(samples["backward_weight_ms"])),
         output_bytes=output_bytes,
         saved_bytes=saved,
         workspace_bytes=workspace,

@@ -1,12 +1,12 @@
 """A profile's spread: every layer at the low or the high end of its measured repeats.
 
-The profiler keeps, beside each timing's median, its spread over the repeats
+The profiler keeps, beside each timing (the mean of its repeats), its spread over them
 (``LayerTiming.spread``, e.g. ``{"forward_ms": [p25, p75]}``: the quartiles; a
 tensor-parallel shard's entry, ``LayerTiming.sharded[key].spread``, likewise). A
 *quantile profile* is a copy of the profile with every timing replaced by one end of its
 spread: ``low`` (the first quartile) or ``high`` (the third). Simulating a plan on both
 gives its prediction band (:mod:`planner.simulate.band`). Timings without a spread
-(imported or analytic profiles, an older file) keep their median, so a profile without
+(imported or analytic profiles, an older file) keep their value, so a profile without
 any spread has a band of zero width.
 
 Example::
@@ -50,10 +50,10 @@ def has_spread(profile: Profile) -> bool:
 def quantile_profile(profile: Profile, side: Side) -> Profile:
     """A copy of ``profile`` with every layer timing at the ``side`` end of its spread.
 
-    The ends are ordered (``low`` never above the median, ``high`` never below it: a
-    spread that excludes its median, as a hand-edited file might hold, is widened to
-    include it), so the low profile is never slower and the high one never faster than the
-    profile itself. The copy has no spreads of its own.
+    The ends are ordered (``low`` never above the timing, ``high`` never below it: a
+    spread that excludes it, as a mean above the third quartile after a slow spell or a
+    hand-edited file may, is widened to include it), so the low profile is never slower
+    and the high one never faster than the profile itself. The copy has no spreads of its own.
 
     Example::
 
@@ -82,12 +82,12 @@ def _timings(layer: LayerTiming) -> list[LayerTiming | ShardTiming]:
 
 
 def _end(t: LayerTiming | ShardTiming, name: str, side: Side) -> float:
-    """One end of a timing's spread, on the right side of its median (the median where
+    """One end of a timing's spread, on the right side of the timing (the timing where
     there is no spread)."""
-    median = float(getattr(t, name))
+    value = float(getattr(t, name))
     values = t.spread.get(name) or []
     if len(values) < 2:
-        return median
+        return value
     if side == "low":
-        return min(median, float(min(values)))
-    return max(median, float(max(values)))
+        return min(value, float(min(values)))
+    return max(value, float(max(values)))
