@@ -152,7 +152,7 @@ def main() -> None:
             f"{r['layer']:<12} {r['microbatch_size']:>3} {r['field']:<12} "
             f"{r['first_ms']:>9.2f} {r['second_ms']:>9.2f} {r['difference']:>7.1%}"
         )
-    print(f"medians over 1 ms within 10%: {within}/{len(rows)}; worst {worst:.1%}")
+    print(f"layer times over 1 ms within 10%: {within}/{len(rows)}; worst {worst:.1%}")
     for pair in pairs:
         a, b = pair["runs"]
         print(
