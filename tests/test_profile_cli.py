@@ -206,13 +206,13 @@ def test_demo_profiles_a_bundled_example(
     assert run["world_size"] == len({d for s in plan.stages for d in s.devices})
     assert plan.predicted is not None
     assert run["predicted"]["iteration_ms"] == plan.predicted.iteration_ms
-    assert run["steps"] == 3 and len(run["measured"]["step_ms"]) == 3
+    assert run["steps"] == 6 and len(run["measured"]["step_ms"]) == 6
     ref = train_single_process(
         ROOT / "examples" / "mlp.py",
-        steps=4,
+        steps=7,
         optimizer=profile.optimizer,
         batch_size=plan.microbatch_size * plan.num_microbatches,
-    )  # fmt: skip (one warm-up step, then the three measured ones)
+    )  # fmt: skip (one warm-up step, then the six measured ones)
     assert run["losses"] == pytest.approx(ref.losses, rel=1e-5, abs=1e-6)  # fp32 rounding
 
 
