@@ -59,11 +59,11 @@ charges and Megatron did not pay (autocast's fp16 copy of every weight at each f
 Megatron kept fp16 weights) and what it leaves out (fused kernels, scatter/gather). Then
 pipeplan's own solve of a row's model, cluster and global batch (``-b 1,2`` and the row's
 microbatch size, ``--tensor-parallel 2,4,8``) against Megatron's configuration in the same
-simulator (``vs_megatron``: Megatron's time over pipeplan's): the 1.7B-18.4B rows by
-default, every row with ``--all``. Also in the model, not in Megatron: a logit layer
-untied from the embedding (the same FLOPs, one all-reduce less). Recompute is Megatron's
-(each layer under its own checkpoint: ``recompute_layers``), so ``megatron_fits`` is
-whether its configuration fits in pipeplan's memory model of it.
+simulator (``vs_megatron``: Megatron's time over pipeplan's): the 1.7B-76.1B rows by
+default (:data:`PTDP_DEFAULT_SOLVES`), every row with ``--all``. Also in the model, not in
+Megatron: a logit layer untied from the embedding (the same FLOPs, one all-reduce less).
+Recompute is Megatron's (each layer under its own checkpoint: ``recompute_layers``), so
+``megatron_fits`` is whether its configuration fits in pipeplan's memory model of it.
 
 Run::
 
@@ -456,10 +456,13 @@ PTDP_ROWS: tuple[PtdpRow, ...] = (
     PtdpRow("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 1, None, 163),
 )
 CALIBRATION_ROW = "145.6B"
-# The rows pipeplan solves by default (each solve seconds here); --all solves every row (the
-# 18.4B's takes two minutes here, the 39.1B's ten; the 76.1B's grew past this 23 GB VM's
-# memory and was killed: thousands of microbatches on a thousand GPUs).
-PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B")
+# The rows pipeplan solves by default; --all solves every row. Measured on this project's
+# 2-core VM with other jobs on it, CPU seconds of the solve alone: 18.4B 16 s, 39.1B 54 s,
+# 76.1B 69 s (1,024 GPUs, 1,792 microbatches of 1; peak RSS 1.2 GB). Before the solver's
+# fp16 runs deferred their optimizer steps in the compiled programs (planner/simulate/
+# deferred.py) rather than expanding every device's action list, the 18.4B's took 52 s,
+# the 39.1B's ten minutes and the 76.1B's outgrew a 23 GB VM.
+PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B")
 TOLERANCE = 0.10  # the bound on |simulated / published - 1|
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from planner.cost import synthetic_profile
 from planner.plan import StageSpec
-from planner.schedule import _validated_order
+from planner.schedule import _pattern_order
 from planner.simulate import simulate
 from planner.topology import uniform_topology
 
@@ -70,7 +70,7 @@ def main() -> None:
             stages = [StageSpec(i, (i, i), [f"gpu{i}"]) for i in range(p)]
             for name in SCHEDULES:
                 call = functools.partial(simulate, prof, topo, stages, name, m)
-                cold_s = best(lambda call=call: (_validated_order.cache_clear(), call()))
+                cold_s = best(lambda call=call: (_pattern_order.cache_clear(), call()))
                 result = call()
                 warm_s = best(call)
                 lean_s = best(functools.partial(call, events=False))

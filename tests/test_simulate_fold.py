@@ -173,3 +173,20 @@ def test_unequal_replicas_do_not_fold() -> None:
     once, full, folded = _both(profile, _cluster(1), shape)
     assert not folded
     _same(once, full)
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("interleaved", 2)])
+def test_over_limit_peaks_fold_to_the_full_peaks(schedule: str, virtual: int) -> None:
+    """A plan over its memory: the peaks check_memory reports (each device its static
+    memory plus its counterpart's rise) are the full run's, device by device."""
+    profile = load_profile(ROOT / "profiles" / "gpt.json")
+    names = _names(16)
+    groups = [names[k * 4 : (k + 1) * 4] for k in range(2)]
+    shape = _shape(groups, schedule, 16, virtual=virtual, layers=profile.num_layers)
+    topo = _cluster(2)
+    full = simulate_shape(profile, topo, shape).memory_bytes
+    tight = topo.with_memory(min(full.values()) - 1)
+    with pytest.raises(timing.OverLimit) as over:
+        simulate_shape(profile, tight, shape, over_limit=True)
+    assert over.value.memory == full
+    assert list(over.value.memory) == list(full)

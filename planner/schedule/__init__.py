@@ -153,15 +153,48 @@ def checked_virtual_stages(
     return v
 
 
-@functools.lru_cache(maxsize=64)
 def _validated_order(
     name: str, num_microbatches: int, v: int, iterations: int, groups: tuple[tuple[str, ...], ...]
 ) -> dict[int, list[ComputeOp]]:
     """The family's order for these device groups (one per stage), validated; cached
     because the solver simulates many partitions of the same shape (the order depends
-    only on the devices, not the layers)."""
-    order = family(name).order([len(g) for g in groups], num_microbatches, v, iterations)
-    shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
+    only on which stages share devices, not on the layers or the devices' names: the
+    same object for every ``groups`` of one pattern, :func:`device_pattern`). Where it
+    is invalid, validated again on ``groups`` themselves for a message naming them.
+
+    Example::
+
+        _validated_order("1f1b", 8, 1, 1, (("gpu0",), ("gpu1",)))
+    """
+    try:
+        return _pattern_order(name, num_microbatches, v, iterations, device_pattern(groups))
+    except InputError:
+        order = family(name).order([len(g) for g in groups], num_microbatches, v, iterations)
+        shape = [StageSpec(i, (i, i), devs) for i, devs in enumerate(groups)]
+        validate_order(order, shape, num_microbatches * iterations)
+        raise
+
+
+def device_pattern(groups: Sequence[Sequence[str]]) -> tuple[tuple[int, ...], ...]:
+    """``groups`` with each device named by the order it first appears in: two lists of
+    device groups of one pattern differ only in the devices' names.
+
+    Example::
+
+        device_pattern([("gpu4", "gpu5"), ("gpu0", "gpu4")])   # ((0, 1), (2, 0))
+    """
+    index: dict[str, int] = {}
+    return tuple(tuple(index.setdefault(d, len(index)) for d in g) for g in groups)
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern_order(
+    name: str, num_microbatches: int, v: int, iterations: int, pattern: tuple[tuple[int, ...], ...]
+) -> dict[int, list[ComputeOp]]:
+    """The family's order for device groups of ``pattern`` (:func:`device_pattern`),
+    validated on devices named by their numbers."""
+    order = family(name).order([len(g) for g in pattern], num_microbatches, v, iterations)
+    shape = [StageSpec(i, (i, i), tuple(f"d{x}" for x in g)) for i, g in enumerate(pattern)]
     validate_order(order, shape, num_microbatches * iterations)
     return order
 

@@ -114,6 +114,8 @@ class EventEngine:
         self.raw_transfers: list[tuple[int, int, int, int, float, float, int]] = []
         # Set to a list to have the sends listed in the order they run (free communication).
         self.sends: list[int] | None = None
+        # How many sends had run when a device first reached an ALLREDUCE (-1: none has).
+        self.sends_before_allreduce = -1
         self.free_comm = links is None
         self.route_of: list[Route] = []
         self.queues: list[list[int]] = []
@@ -247,6 +249,8 @@ class EventEngine:
     def _allreduce(self, di: int, s: int, t: float, dur: float) -> float | None:
         """Device ``di`` reaches an ALLREDUCE of stage ``s`` at ``t``: its end, or None
         while replicas are missing (the last to arrive restarts the others)."""
+        if self.sends_before_allreduce < 0 and self.sends is not None:
+            self.sends_before_allreduce = len(self.sends)
         met = self.rendezvous.arrive(di, s, t)
         if met is None:
             return None

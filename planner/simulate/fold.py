@@ -16,9 +16,14 @@ devices that are ready at the same time on one link are served in the order thei
 ran in the reference run. Replica 0's devices run in the same order there with or
 without the others (a device wakes only devices of its own replica, and the runnable
 stack keeps their order) unless a device waits at an all-reduce for another replica and
-sends after it (``Fold.late_sends``: interleaved chunks, 2bw streams). Such a folded run
-whose link queues hold a tie is not used (:func:`has_cross_ties`); the caller simulates
-every replica instead.
+sends after it (``Fold.late_sends``: interleaved chunks, 2bw streams). Up to the point
+where a device first reaches an all-reduce, replica 0's devices run in the same order in
+both runs, so only a tie of two sends after that point can be ordered otherwise
+(:func:`has_cross_ties`). Where the folded run's queues hold such a tie, the caller runs
+the reference run of every replica (free communication: cheaper than the timed run) for
+the order of replica 0's sends, and still times replica 0 alone over those queues: every
+link's order is then the full run's, and the timed run follows from the queues and the
+dataflow alone.
 
 :func:`fold_programs` works on the compiled programs alone (once per compiled shape);
 :func:`symmetric` checks the tables and the links of one simulation.
@@ -53,7 +58,7 @@ class Fold:
     their order), ``base[i]`` the position in ``kept`` of device ``i``'s counterpart,
     ``shift[i]`` device ``i``'s replica, ``programs`` replica 0's (``dst`` renumbered to
     positions in ``kept``), ``replicas`` per stage; ``checked`` remembers
-    :func:`symmetric`'s link checks by topology and cut.
+    :func:`symmetric`'s link checks by topology, devices and cut.
 
     Example::
 
@@ -234,7 +239,13 @@ def symmetric(
         return False
     if topology is None:
         return True
-    key = (id(topology), tuple(tables.cut), tuple(sorted(tables.groups.items())))
+    # The devices too: one compiled shape serves every device list of its pattern.
+    key = (
+        id(topology),
+        tuple(tables.devices),
+        tuple(tables.cut),
+        tuple(sorted(tables.groups.items())),
+    )
     hit = fold.checked.get(key)
     if hit is not None and hit[0] is topology:
         return hit[1]
@@ -243,9 +254,15 @@ def symmetric(
     return ok
 
 
-def has_cross_ties(links: LinkQueues, ready: list[float]) -> bool:
+def has_cross_ties(
+    links: LinkQueues, ready: list[float], late: Sequence[int] | None = None
+) -> bool:
     """Whether a link queue holds two transfers from different devices ready at the same
-    time (their order could follow the other replicas; see the module docstring).
+    time (their order could follow the other replicas; see the module docstring); with
+    ``late`` (per key: whether its send ran after a device first reached an all-reduce in
+    the reference run), only a tie of two late sends counts: up to that point replica 0's
+    devices run in the same order with or without the other replicas, so a send before it
+    precedes every later one in both runs.
 
     Example::
 
@@ -254,6 +271,7 @@ def has_cross_ties(links: LinkQueues, ready: list[float]) -> bool:
     route_of = links.route_of
     for queue in links.queues:
         for a, b in zip(queue, queue[1:-1], strict=False):
-            if ready[a] == ready[b] and route_of[a][3] != route_of[b][3]:
+            tie = ready[a] == ready[b] and route_of[a][3] != route_of[b][3]
+            if tie and (late is None or (late[a] and late[b])):
                 return True
     return False

@@ -74,7 +74,9 @@ def simulate(
     loops), ``validate`` (check a given Schedule), ``memory_limits`` (per device, for the
     optimized schedule's search; default the topology's), ``engine`` (how the times are
     computed: :func:`~planner.simulate.timing.simulate_schedule`), ``bound=False`` (leave
-    ``lower_bound_ms`` at 0: a solver loop that reads only the time and the memory).
+    ``lower_bound_ms`` at 0: a solver loop that reads only the time and the memory; the
+    result's ``schedule`` is then the one built, its deferred STEPs moved only where it is
+    timed).
 
     Example::
 
@@ -109,7 +111,9 @@ def simulate(
         if validate:
             validate_schedule(sched, stages)
     check_fp16_schedule(profile.precision, sched.name, sched.flush)
-    result = _time(profile, topology, stages, sched, mbs, step_ms, events, engine, over_limit)
+    result = _time(
+        profile, topology, stages, sched, mbs, step_ms, events, engine, over_limit, lean=not bound
+    )
     if bound:
         result.lower_bound_ms = lower_bound_ms(
             profile,
@@ -204,11 +208,14 @@ def _time(
     events: bool,
     engine: Engine,
     over_limit: bool = False,
+    *,
+    lean: bool = False,
 ) -> SimResult:
     """Time ``sched``; a no-flush schedule as the average iteration of a stream of
     :data:`STREAM_ITERATIONS` (one fill and drain), whose events show the whole stream.
     ``over_limit``: :class:`~planner.simulate.timing.OverLimit` instead where a device's
-    memory is exceeded."""
+    memory is exceeded; ``lean``: only the time and the memory are read
+    (:func:`~planner.simulate.timing.simulate_schedule`)."""
     timed = as_stream(sched, stages, STREAM_ITERATIONS)
     if timed is None:
         return simulate_schedule(
@@ -221,6 +228,7 @@ def _time(
             events=events,
             engine=engine,
             over_limit=over_limit,
+            lean=lean,
         )
     result = simulate_schedule(
         profile,
@@ -232,6 +240,7 @@ def _time(
         events=events,
         engine=engine,
         over_limit=over_limit,
+        lean=lean,
     )
     k = STREAM_ITERATIONS
     result.iteration_ms = result.makespan_ms / k

@@ -3,6 +3,8 @@
 The solver simulates many partitions of one shape (the same generated order, microbatches
 and device lists, other layer ranges): their programs are the same, because entries name
 slots in the duration tables rather than holding times, so only the tables are refilled.
+Programs name devices by their index, so device lists of one pattern (each stage's devices
+at the same indices: other devices, the same layout) share them too.
 
 Example::
 
@@ -17,6 +19,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 from planner.schedule import Schedule
+from planner.simulate.deferred import defer_steps
 from planner.simulate.fold import Fold, fold_programs
 from planner.simulate.in_order import Order, reference_order
 from planner.simulate.links import send_ways
@@ -54,6 +57,7 @@ class CompiledShape:
         self._ways: list[int] | None = None
         self._fold: Fold | None = None
         self._no_fold = False
+        self._deferred: dict[tuple[frozenset[int], int], CompiledShape | None] = {}
 
     def fold(self, stages: Sequence[StageSpec], devices: list[str]) -> Fold | None:
         """Replica 0's programs where every replica's are its own shifted
@@ -63,6 +67,17 @@ class CompiledShape:
             self._fold = fold_programs(self.programs, stages, devices)
             self._no_fold = self._fold is None
         return self._fold
+
+    def deferred(self, holding: frozenset[int], num_microbatches: int) -> CompiledShape | None:
+        """These programs with the STEPs of ``holding`` deferred
+        (:func:`planner.simulate.deferred.defer_steps`; None where it refuses), made once
+        per ``holding``; ``self`` where no STEP moves."""
+        key = (holding, num_microbatches)
+        if key not in self._deferred:
+            moved = defer_steps(self.programs, holding, num_microbatches)
+            same = moved is not None and moved == self.programs
+            self._deferred[key] = self if same else None if moved is None else CompiledShape(moved)
+        return self._deferred[key]
 
     def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
         """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`),
@@ -92,8 +107,9 @@ class CacheInfo(NamedTuple):
 class ShapeCache:
     """The compiled shapes of the last ``maxsize`` generated orders, least recently used
     dropped first. A shape is keyed by its order's identity (orders are cached per name,
-    microbatches and device lists by :mod:`planner.schedule`; the entry holds the order,
-    so its id cannot be reused while cached), the microbatch counts and the device lists.
+    microbatches and device pattern by :mod:`planner.schedule`; the entry holds the
+    order, so its id cannot be reused while cached), the microbatch counts and where each
+    stage's devices sit in the device list (:func:`_stage_pattern`).
     Written (expanded) schedules are compiled afresh each time.
 
     Example::
@@ -118,8 +134,8 @@ class ShapeCache:
             id(schedule.order),
             schedule.num_microbatches,
             total_mb,
-            tuple(devices),
-            tuple(tuple(st.devices) for st in stages),
+            len(devices),
+            _stage_pattern(stages, devices),
         )
         found = self._entries.get(key)
         if found is not None and found[0] is schedule.order:
@@ -136,6 +152,19 @@ class ShapeCache:
     def info(self) -> CacheInfo:
         """Hits, misses and size, as ``functools.lru_cache`` reports them."""
         return CacheInfo(self._hits, self._misses, len(self._entries), self.maxsize)
+
+
+def _stage_pattern(stages: Sequence[StageSpec], devices: list[str]) -> tuple[tuple[int, ...], ...]:
+    """Each stage's devices as their indices in ``devices`` (-1: not there): a generated
+    order compiles to the same programs for every ``stages`` and ``devices`` of one
+    pattern, whatever the devices' names (a program names devices by index).
+
+    Example::
+
+        _stage_pattern(stages, ["gpu4", "gpu0"])   # ((0,), (1,)) for stages on gpu4, gpu0
+    """
+    index = {d: i for i, d in enumerate(devices)}
+    return tuple(tuple(index.get(d, -1) for d in st.devices) for st in stages)
 
 
 # The package's cache (the only state the simulator keeps between calls; bounded, and no

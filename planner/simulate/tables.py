@@ -20,7 +20,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -306,6 +306,7 @@ def tied_exchange_ms(
     topology: Topology | None,
     stages: Sequence[StageSpec],
     schedule: Schedule,
+    step_order: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[tuple[int, str], float]:
     """The time each device spends exchanging tied gradients, keyed by the STEP that pays it.
 
@@ -313,7 +314,9 @@ def tied_exchange_ms(
     ``allreduce_ms``) among every device of every stage that uses it. A device pays the
     exchanges of all the tied parameters it holds in its first ``STEP`` of a stage that
     holds any (where the runtime exchanges them). Nothing without a topology (free
-    communication) or when one device holds all copies of a parameter.
+    communication) or when one device holds all copies of a parameter. ``step_order``:
+    per device the stages of its STEPs in order, where the caller has them (default: read
+    from ``schedule.devices``, which expands a generated schedule).
 
     Example::
 
@@ -334,7 +337,7 @@ def tied_exchange_ms(
             for d in devices:
                 per_device[d] = per_device.get(d, 0.0) + ms
     for d, ms in per_device.items():
-        steps = (a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP)
+        steps = _steps_of(schedule, step_order, d)
         first = next((s for s in steps if s in holding), None)
         if first is not None:  # a hand-made list without a STEP: nothing to pay there
             out[(first, d)] = ms
@@ -346,11 +349,13 @@ def overflow_agreement_ms(
     topology: Topology | None,
     stages: Sequence[StageSpec],
     schedule: Schedule,
+    step_order: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[tuple[int, str], float]:
     """fp16: the all-reduce (MAX) of one overflow flag among every device, keyed by each
     device's first STEP, where the runtime agrees on it (:mod:`planner.runtime.loss_scale`).
     Nothing for another precision, without a topology, or on one device. The wait for the
-    slowest device that this agreement also is, is not modelled.
+    slowest device that this agreement also is, is not modelled. ``step_order`` as in
+    :func:`tied_exchange_ms`.
 
     Example::
 
@@ -370,10 +375,20 @@ def overflow_agreement_ms(
         ms = topology.allreduce_ms(devices, 4)
     out: dict[tuple[int, str], float] = {}
     for d in devices:
-        steps = [a.stage for a in schedule.devices[d] if a.kind is ActionType.OPTIMIZER_STEP]
-        if steps:
-            out[(steps[0], d)] = ms
+        first = next(iter(_steps_of(schedule, step_order, d)), None)
+        if first is not None:
+            out[(first, d)] = ms
     return out
+
+
+def _steps_of(
+    schedule: Schedule, step_order: Mapping[str, Sequence[int]] | None, device: str
+) -> Iterable[int]:
+    """The stages of ``device``'s STEPs in order: from ``step_order`` where given, else
+    from ``schedule``'s lists."""
+    if step_order is not None:
+        return step_order.get(device, ())
+    return (a.stage for a in schedule.devices[device] if a.kind is ActionType.OPTIMIZER_STEP)
 
 
 def _replica_allreduce_bytes(profile: Profile, spec: StageSpec) -> int:
@@ -483,18 +498,19 @@ def _step_times(
     stages: Sequence[StageSpec],
     schedule: Schedule,
     step_ms: float | Sequence[float] | None,
+    step_order: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[tuple[int, str], float]:
     """Each STEP as timed: the optimizer step, plus the tied and overflow exchanges the
-    device pays in it."""
+    device pays in it (``step_order``: see :func:`tied_exchange_ms`)."""
     steps = step_table(profile, topology, stages, step_ms)
     for st in stages:
         if st.sharding == "zero1":  # the updated weights' all-gather follows the step
             ms = gather_ms(profile, topology, st)
             for d in st.leaders:
                 steps[(st.id, d)] += ms
-    for key, ms in tied_exchange_ms(profile, topology, stages, schedule).items():
+    for key, ms in tied_exchange_ms(profile, topology, stages, schedule, step_order).items():
         steps[key] += ms
-    for key, ms in overflow_agreement_ms(profile, topology, stages, schedule).items():
+    for key, ms in overflow_agreement_ms(profile, topology, stages, schedule, step_order).items():
         steps[key] += ms
     return steps
 
@@ -506,8 +522,11 @@ def stage_tables(
     schedule: Schedule,
     microbatch_size: int,
     step_ms: float | Sequence[float] | None,
+    step_order: Mapping[str, Sequence[int]] | None = None,
 ) -> StageTables:
-    """The tables for timing ``schedule`` (see :class:`StageTables`).
+    """The tables for timing ``schedule`` (see :class:`StageTables`); ``step_order``: per
+    device the stages of its STEPs in order, where the caller has them (see
+    :func:`tied_exchange_ms`).
 
     Example::
 
@@ -517,7 +536,7 @@ def stage_tables(
     times = with_message_overheads(times, topology, stages, cut)
     grouped = is_grouped(stages)
     devices = devices_of(schedule, leader_stages(stages) if grouped else stages)
-    steps = _step_times(profile, topology, stages, schedule, step_ms)
+    steps = _step_times(profile, topology, stages, schedule, step_ms, step_order)
     static = _static_bytes(profile, stages, devices, 1 if schedule.flush else 2)
     allreduce_ms = [
         (

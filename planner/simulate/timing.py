@@ -21,7 +21,7 @@ import functools
 import gc
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, get_args
+from typing import TYPE_CHECKING, Literal, NamedTuple, ParamSpec, TypeVar, get_args
 
 from planner.errors import InputError
 from planner.profile.schema import Profile
@@ -33,7 +33,7 @@ from planner.simulate.fold import has_cross_ties, symmetric
 from planner.simulate.grouped import leader_schedule, with_members
 from planner.simulate.in_order import run_in_order
 from planner.simulate.links import LinkQueues, link_queues
-from planner.simulate.program import gather_first_forwards
+from planner.simulate.program import STEP, devices_of, gather_first_forwards
 from planner.simulate.result import EngineOutput, SimResult, bubble
 from planner.simulate.shapes import SHAPES, CompiledShape
 from planner.simulate.shards import check_parallel_stages
@@ -92,6 +92,7 @@ def simulate_schedule(
     events: bool = True,
     engine: Engine = "auto",
     over_limit: bool = False,
+    lean: bool = False,
 ) -> SimResult:
     """Time an explicit schedule (no validation, no lower bound).
 
@@ -103,6 +104,10 @@ def simulate_schedule(
     ``engine`` picks how the times are computed (see the module's description). A
     schedule that deadlocks raises an InputError naming where each device waits.
     Tensor-parallel groups run as their leaders (:mod:`planner.simulate.grouped`).
+    ``lean``: the caller reads only the time and the memory, so a generated schedule whose
+    STEPs are deferred (fp16, tied parameters) is not expanded: the STEPs move in its
+    compiled programs (:mod:`planner.simulate.deferred`; the same entries, the same
+    numbers), and the result's ``schedule`` is the one given.
 
     Example::
 
@@ -112,8 +117,12 @@ def simulate_schedule(
         raise InputError(
             f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}", field="engine"
         )
+    holding = frozenset[int]()
     if profile.tied_parameters or profile.precision == "fp16":
-        schedule = with_deferred_steps(profile, stages, schedule)
+        if lean and schedule.order is not None and not schedule.is_expanded:
+            holding = holding_stages(profile, stages)  # deferred on the compiled programs
+        else:
+            schedule = with_deferred_steps(profile, stages, schedule)
     plain = all(st.is_plain for st in stages)
     run_stages, run_schedule = stages, schedule
     if not plain:
@@ -121,11 +130,22 @@ def simulate_schedule(
         if is_grouped(stages):
             run_stages = leader_stages(stages)
             run_schedule = leader_schedule(schedule, stages)
-    tables = stage_tables(profile, topology, stages, run_schedule, microbatch_size, step_ms)
     total_mb = schedule.num_microbatches * schedule.iterations
-    shape = SHAPES.get(run_schedule, run_stages, tables.devices, total_mb)
+    if holding:
+        devices = devices_of(run_schedule, run_stages)
+        shape = _deferred_shape(profile, stages, schedule, run_stages, run_schedule, holding)
+        order = {
+            d: [e[1] for e in prog if e[0] == STEP]
+            for d, prog in zip(devices, shape.programs, strict=True)
+        }
+        tables = stage_tables(
+            profile, topology, stages, run_schedule, microbatch_size, step_ms, order
+        )
+    else:
+        tables = stage_tables(profile, topology, stages, run_schedule, microbatch_size, step_ms)
+        shape = SHAPES.get(run_schedule, run_stages, tables.devices, total_mb)
     if over_limit and topology is not None:
-        check_memory(shape, tables, topology, schedule.num_microbatches)
+        check_memory(shape, tables, topology, schedule.num_microbatches, run_stages)
     if not events and engine != "in_order":
         once = _run_folded(shape, run_stages, tables, topology, schedule.num_microbatches, total_mb)
         if once is not None:
@@ -141,6 +161,32 @@ def simulate_schedule(
     peaks, busy = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
     result = _result(run, peaks, busy, tables, topology, stages, schedule, microbatch_size, events)
     return result if run_stages is stages else with_members(result, stages, topology)
+
+
+def _deferred_shape(
+    profile: Profile,
+    stages: Sequence[StageSpec],
+    schedule: Schedule,
+    run_stages: Sequence[StageSpec],
+    run_schedule: Schedule,
+    holding: frozenset[int],
+) -> CompiledShape:
+    """The compiled programs of the generated ``run_schedule`` with the STEPs of
+    ``holding`` deferred (:mod:`planner.simulate.deferred`); a move it refuses raises the
+    expanded lists' error (:func:`with_deferred_steps`).
+
+    Example::
+
+        shape = _deferred_shape(profile, stages, sched, stages, sched, frozenset({0, 1}))
+    """
+    devices = devices_of(run_schedule, run_stages)
+    total_mb = schedule.num_microbatches * schedule.iterations
+    shape = SHAPES.get(run_schedule, run_stages, devices, total_mb)
+    moved = shape.deferred(holding, schedule.num_microbatches)
+    if moved is None:
+        with_deferred_steps(profile, stages, schedule)  # raises, naming the move
+        raise InputError("a STEP cannot be deferred past its stage's work", field="schedule")
+    return moved
 
 
 class OverLimit(Exception):  # noqa: N818 (an outcome the solver asks for, not an error)
@@ -161,11 +207,18 @@ class OverLimit(Exception):  # noqa: N818 (an outcome the solver asks for, not a
 
 
 def check_memory(
-    shape: CompiledShape, tables: StageTables, topology: Topology, num_microbatches: int
+    shape: CompiledShape,
+    tables: StageTables,
+    topology: Topology,
+    num_microbatches: int,
+    stages: Sequence[StageSpec] | None = None,
 ) -> None:
     """Raise :class:`OverLimit` where a device's peak memory exceeds its memory (every
     member of a tensor-parallel group holds its leader's), unless a duration is not finite
-    (then the time could be infinite: the caller simulates it all).
+    (then the time could be infinite: the caller simulates it all). ``stages`` (those the
+    programs were compiled for): where the replicas' programs are replica 0's shifted
+    (:func:`planner.simulate.fold.fold_programs`), each device's peak is its static
+    memory plus its counterpart's rise, summed once.
 
     Example::
 
@@ -174,8 +227,8 @@ def check_memory(
     if tables.gathering:
         programs = gather_first_forwards(shape.programs, tables.gathering, num_microbatches)
         shape = CompiledShape(programs)
-    static = [tables.static[d] for d in tables.devices]
-    peaks, _ = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
+        stages = None  # a new shape: its fold would be worked out again
+    peaks = _peaks(shape, tables, stages)
     members = tables.groups
     memory = {
         m: int(peak)
@@ -188,6 +241,28 @@ def check_memory(
     if not _all_finite(tables.durations):
         return
     raise OverLimit(memory)
+
+
+def _peaks(
+    shape: CompiledShape, tables: StageTables, stages: Sequence[StageSpec] | None
+) -> list[int]:
+    """Every device's peak memory (:func:`~planner.simulate.totals.program_totals`): a
+    device whose program is its counterpart's in replica 0 shifted has the same
+    allocations in the same order, so its peak is its static memory plus the
+    counterpart's rise above its own."""
+    static = [tables.static[d] for d in tables.devices]
+    fold = None if stages is None else shape.fold(stages, tables.devices)
+    if fold is None:
+        peaks, _ = program_totals(
+            shape.work, tables.durations, tables.grows, tables.shrinks, static
+        )
+        return peaks
+    kept = fold.kept
+    work = [shape.work[i] for i in kept]
+    rises, _ = program_totals(
+        work, [tables.durations[i] for i in kept], tables.grows, tables.shrinks, [0] * len(kept)
+    )
+    return [base + rises[b] for base, b in zip(static, fold.base, strict=True)]
 
 
 def _all_finite(rows: Sequence[Sequence[float]]) -> bool:
@@ -203,6 +278,22 @@ def _all_finite(rows: Sequence[Sequence[float]]) -> bool:
     return all(math.isfinite(x) for row in rows for x in row)
 
 
+def holding_stages(profile: Profile, stages: Sequence[StageSpec]) -> frozenset[int]:
+    """The stages whose STEPs wait for the device's backward work: every stage in fp16
+    (all ranks agree on overflows at the first), else those holding a tied parameter.
+
+    Example::
+
+        holding_stages(fp16_profile, stages)   # frozenset({0, 1})
+    """
+    return frozenset(
+        st.id
+        for st in stages
+        if profile.precision == "fp16"
+        or any(t.held_by(st.first, st.last) for t in profile.tied_parameters)
+    )
+
+
 def with_deferred_steps(
     profile: Profile, stages: Sequence[StageSpec], schedule: Schedule
 ) -> Schedule:
@@ -214,12 +305,7 @@ def with_deferred_steps(
 
         with_deferred_steps(tied_profile, stages, build_schedule("1f1b", stages, 8))
     """
-    holding = frozenset(
-        st.id
-        for st in stages
-        if profile.precision == "fp16"
-        or any(t.held_by(st.first, st.last) for t in profile.tied_parameters)
-    )
+    holding = holding_stages(profile, stages)
     deferred = defer_tied_steps(schedule.devices, holding, schedule.num_microbatches)
     if deferred == schedule.devices:
         return schedule
@@ -283,6 +369,40 @@ def run_events(
     return _run_linked(shape, tables, links, total_mb, record=record, start_at_send=start_at_send)
 
 
+class Reference(NamedTuple):
+    """The reference run (free communication over the reference durations): its sends in
+    the order they ran, when each key's data was ready, and how many sends had run when a
+    device first reached an all-reduce (-1: none did).
+
+    Example::
+
+        ref = reference_run(shape, tables, topology, 8)
+        ref.sends[:3], ref.ready[ref.sends[0]]
+    """
+
+    sends: list[int]
+    ready: list[float]
+    before_allreduce: int
+
+
+def reference_run(
+    shape: CompiledShape, tables: StageTables, topology: Topology, total_mb: int
+) -> Reference:
+    """The reference run of ``shape`` (:class:`Reference`).
+
+    Example::
+
+        reference_run(shape, tables, topology, 8).sends
+    """
+    num_keys = 2 * len(tables.replicas) * total_mb
+    ref_durations = reference_durations(tables, topology)
+    ref = EventEngine(shape.programs, ref_durations, tables, num_keys, links=None, record=False)
+    sends: list[int] = []
+    ref.sends = sends  # the reference run lists its sends in the order they run
+    ref.run()
+    return Reference(sends, ref.arrival, ref.sends_before_allreduce)
+
+
 def reference_links(
     shape: CompiledShape, tables: StageTables, topology: Topology, total_mb: int
 ) -> tuple[LinkQueues, list[float]]:
@@ -293,17 +413,23 @@ def reference_links(
 
         links, ready = reference_links(shape, tables, topology, 8)
     """
-    num_keys = 2 * len(tables.replicas) * total_mb
-    ref_durations = reference_durations(tables, topology)
-    ref = EventEngine(shape.programs, ref_durations, tables, num_keys, links=None, record=False)
-    sends: list[int] = []
-    ref.sends = sends  # the reference run lists its sends in the order they run
-    ref.run()
+    ref = reference_run(shape, tables, topology, total_mb)
+    return _queues(shape, tables, topology, total_mb, ref.sends, ref.ready), ref.ready
+
+
+def _queues(
+    shape: CompiledShape,
+    tables: StageTables,
+    topology: Topology,
+    total_mb: int,
+    sends: list[int],
+    ready: list[float],
+) -> LinkQueues:
+    """The links' queues of ``shape``'s sends, served in the order of ``sends`` by
+    ``ready`` (:func:`planner.simulate.links.link_queues`)."""
+    num_keys = len(ready)
     ways = shape.ways(num_keys, total_mb, len(tables.replicas))
-    links = link_queues(
-        topology, tables.devices, tables.cut, ways, sends, ref.arrival, tables.groups
-    )
-    return links, ref.arrival
+    return link_queues(topology, tables.devices, tables.cut, ways, sends, ready, tables.groups)
 
 
 def _run_linked(
@@ -345,8 +471,8 @@ def _run_folded(
 ) -> tuple[EngineOutput, list[int], list[float], StageTables] | None:
     """The event engine's run of replica 0 alone where the replicas are identical
     (:mod:`planner.simulate.fold`), with every device's peak and busy time (its
-    counterpart's); None where they are not, or where a link queue holds a tie that the
-    other replicas could order.
+    counterpart's); None where they are not, or where replica 0's link queues would need
+    the order of every replica's gathered programs (:func:`_folded_links`).
 
     Example::
 
@@ -373,13 +499,54 @@ def _run_folded(
         once = CompiledShape(gathered)
     links = None
     if topology is not None:
-        links, ready = reference_links(once, small, topology, total_mb)
-        if fold.late_sends and has_cross_ties(links, ready):
+        whole = shape if not tables.gathering else None
+        links = _folded_links(once, small, topology, total_mb, fold.late_sends, whole, tables)
+        if links is None:
             return None
     run = _run_linked(once, small, links, total_mb, record=False)
     static = [small.static[d] for d in small.devices]
     peaks, busy = program_totals(once.work, small.durations, small.grows, small.shrinks, static)
     return run, fold.spread(peaks), fold.spread(busy), tables
+
+
+def _folded_links(
+    once: CompiledShape,
+    small: StageTables,
+    topology: Topology,
+    total_mb: int,
+    late_sends: bool,
+    whole: CompiledShape | None,
+    tables: StageTables,
+) -> LinkQueues | None:
+    """The links' queues of replica 0's run (``once`` over ``small``), as the full run
+    orders them (:mod:`planner.simulate.fold`): from replica 0's reference run, unless its
+    queues hold a tie the other replicas could order (:func:`has_cross_ties` of the sends
+    after the first all-reduce); then from the reference run of every replica (``whole``
+    over ``tables``: free communication, cheaper than the timed run), its sends of
+    replica 0's keys in the order they ran. None where ``whole`` is None (gathered
+    programs: the caller runs everything).
+
+    Example::
+
+        links = _folded_links(once, small, topology, 8, True, shape, tables)
+    """
+    ref = reference_run(once, small, topology, total_mb)
+    links = _queues(once, small, topology, total_mb, ref.sends, ref.ready)
+    if not late_sends or ref.before_allreduce < 0:
+        return links
+    late = bytearray(len(ref.ready))
+    for key in ref.sends[ref.before_allreduce :]:
+        late[key] = 1
+    if not has_cross_ties(links, ref.ready, late):
+        return links
+    if whole is None:
+        return None
+    full = reference_run(whole, tables, topology, total_mb)
+    ours = bytearray(len(ref.ready))
+    for key in ref.sends:
+        ours[key] = 1
+    sends = [key for key in full.sends if ours[key]]
+    return _queues(once, small, topology, total_mb, sends, full.ready)
 
 
 def _result(
