@@ -29,8 +29,10 @@ from planner.stages import StageSpec
 __all__ = ["SHAPES", "SHAPE_CACHE_SIZE", "CacheInfo", "CompiledShape", "ShapeCache"]
 
 # How many compiled shapes the package keeps: the solver alternates between few shapes at
-# a time, and a long stream's programs and order hold hundreds of thousands of tuples.
-SHAPE_CACHE_SIZE = 2
+# a time, and a long stream's programs and order hold hundreds of thousands of tuples. GPT-3
+# 175B on 1024 H100s (bench/scaling_on_paper.py's case): 2 kept, 558 compiles and 60.2 s of
+# CPU; 6 kept, 522 and 56.0 s, peak memory 1036 -> 1080 MB (2026-11-28, the same plan).
+SHAPE_CACHE_SIZE = 6
 
 
 class CompiledShape:
