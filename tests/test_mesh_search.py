@@ -224,3 +224,34 @@ def test_tp_peers_bounded_sweep_finds_what_simulating_everything_finds(name: str
         if peer.name in ("Megatron-LM", "torchtitan"):
             assert {c.tensor_parallel for c in configs} == {1, 2, 4, 8}
     assert sum(b.simulations for b in got) < sum(b.configurations for b in got)
+
+
+def test_the_local_search_may_change_one_stages_degree() -> None:
+    """A move regroups one stage's own devices at another degree (neighbours then differ:
+    issue #22); from such a plan the cut moves keep each stage's degree, and a degree move
+    can make them one again. Kept only where the simulator says it is faster."""
+    from planner.solve.local import local_search
+    from planner.solve.mesh_local import mesh_moves
+
+    profile = synthetic_tensor_parallel(_plain(), (2, 4), sequence_parallel=False)
+    search = Search(profile, _topo("nvlink-pairs"), SolveOptions(), 60.0)
+    devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
+    start = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2), "none", "1f1b", 1, 8)
+    moves = list(mesh_moves(search, start))
+    mixed = [c for c in moves if len({s.tensor_parallel for s in c.stages}) > 1]
+    assert [tuple(s.tensor_parallel for s in c.stages) for c in mixed] == [
+        (1, 2), (4, 2), (2, 1), (2, 4)
+    ]  # fmt: skip
+    assert moves[-len(mixed) :] == mixed  # last: the other moves first, as before
+    assert all([s.devices for s in c.stages] == devs for c in mixed)
+    assert all(not s.sequence_parallel for c in mixed for s in c.stages)
+    one = mixed[0]
+    scored = search.evaluate(one, "test")
+    assert math.isfinite(scored.key()[1])
+    again = list(mesh_moves(search, one))
+    cuts = [c for c in again if [s.devices for s in c.stages] == devs]
+    kept = {(1, 2), (2, 2), (4, 2), (1, 1), (1, 4)}  # cut moves keep (1, 2); degree moves
+    assert all(tuple(s.tensor_parallel for s in c.stages) in kept for c in cuts)
+    assert any(all(s.tensor_parallel == 2 for s in c.stages) for c in again)  # back to one
+    best = local_search(search, scored, 12, moves=mesh_moves)
+    assert best.key()[:3] <= scored.key()[:3]

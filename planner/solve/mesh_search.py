@@ -30,7 +30,7 @@ from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.grid import by_bound
 from planner.solve.local import distinct_starts, local_budget, local_search
-from planner.solve.mesh import Mesh, mesh_cuts, mesh_estimate_ms, mesh_shape
+from planner.solve.mesh import Mesh, mesh_cuts, mesh_estimate_ms, mesh_shape, stage_degrees
 from planner.solve.mesh_grid import mesh_grid
 from planner.solve.mesh_local import mesh_moves
 from planner.solve.options import (
@@ -109,15 +109,16 @@ def mesh_schedules(search: Search, c: PlanShape, schedules: Sequence[str]) -> li
     devs = [s.devices for s in c.stages]
     mb, m = c.microbatch_size, c.num_microbatches
     out: list[PlanShape] = []
+    degrees = stage_degrees(c)  # a degree per stage (a local-search move): not interleaved
     for sched in schedules:
         if sched == c.schedule:
             continue
         fam = family(sched)
         shard = [s.sharding if fam.flush else "none" for s in c.stages]
         if not fam.interleaved:
-            out.append(mesh_shape(search, ranges, devs, mesh, shard, sched, mb, m))
-            continue
-        out.extend(_chunked(search, c, mesh, sched, shard))
+            out.append(mesh_shape(search, ranges, devs, mesh, shard, sched, mb, m, degrees=degrees))
+        elif degrees is None:
+            out.extend(_chunked(search, c, mesh, sched, shard))
     return out
 
 
