@@ -255,3 +255,11 @@ def test_the_local_search_may_change_one_stages_degree() -> None:
     assert any(all(s.tensor_parallel == 2 for s in c.stages) for c in again)  # back to one
     best = local_search(search, scored, 12, moves=mesh_moves)
     assert best.key()[:3] <= scored.key()[:3]
+    from planner.profile.tied import TiedParameter
+
+    tied = dataclasses.replace(profile, tied_parameters=[TiedParameter("e", (0, 7), 1, 4)])
+    plain = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(1), "none", "1f1b", 1, 8)
+    tied_search = Search(tied, _topo("nvlink-pairs"), SolveOptions(), 60.0)
+    assert all(  # the simulator does not split a tied weight: degree 1 stays
+        s.tensor_parallel == 1 for c in mesh_moves(tied_search, plain) for s in c.stages
+    )

@@ -26,6 +26,7 @@ from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.local import moved_cut
 from planner.solve.mesh import Mesh, mesh_shape, stage_degrees
+from planner.solve.mesh_grid import mesh_degrees
 from planner.solve.search import Search
 from planner.stages import SHARDINGS
 
@@ -79,8 +80,7 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
             yield build(layout)
     if mesh.sequence_parallel or info is None:
         return
-    allowed = sorted({1, *info.degrees})
-    for ts in _degree_changes(c, allowed):
+    for ts in _degree_changes(c, mesh_degrees(search)):  # [1] where a weight is tied
         if len(set(ts)) == 1:  # every stage at one degree again
             yield build((ranges, devs, shard), Mesh(ts[0]), None)
         else:
