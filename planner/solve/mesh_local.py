@@ -30,7 +30,7 @@ from planner.solve.mesh_grid import mesh_degrees
 from planner.solve.search import Search
 from planner.stages import SHARDINGS
 
-__all__ = ["mesh_moves"]
+__all__ = ["degree_moves", "mesh_moves"]
 
 Layout = tuple[list[tuple[int, int]], list[tuple[str, ...]], list[str]]
 
@@ -78,13 +78,39 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
     if degrees is None:
         for layout in _regroupings(ranges, devs, shard, mesh.degree):
             yield build(layout)
-    if mesh.sequence_parallel or info is None:
+    yield from degree_moves(search, c)
+
+
+def degree_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
+    """The plans with one stage's tensor-parallel degree changed (:func:`_degree_changes`),
+    the last of :func:`mesh_moves`; none for interleaved or sequence-parallel plans or a
+    profile without tensor-parallel entries.
+
+    Example::
+
+        [st.tensor_parallel for st in next(degree_moves(search, shape)).stages]   # [1, 2]
+    """
+    if c.virtual_stages > 1 or c.stages[0].sequence_parallel:
         return
+    if search.profile.tensor_parallel is None:
+        return
+    ranges = [s.layers for s in c.stages]
+    devs = [s.devices for s in c.stages]
+    shard = [s.sharding for s in c.stages]
     for ts in _degree_changes(c, mesh_degrees(search)):  # [1] where a weight is tied
-        if len(set(ts)) == 1:  # every stage at one degree again
-            yield build((ranges, devs, shard), Mesh(ts[0]), None)
-        else:
-            yield build((ranges, devs, shard), Mesh(1), ts)
+        one = len(set(ts)) == 1  # every stage at one degree again
+        yield mesh_shape(
+            search,
+            ranges,
+            devs,
+            Mesh(ts[0]) if one else Mesh(1),
+            shard,
+            c.schedule,
+            c.microbatch_size,
+            c.num_microbatches,
+            c.virtual_stages,
+            degrees=None if one else ts,
+        )
 
 
 def _degree_changes(c: PlanShape, allowed: Sequence[int]) -> Iterator[list[int]]:
