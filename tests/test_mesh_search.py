@@ -263,3 +263,53 @@ def test_the_local_search_may_change_one_stages_degree() -> None:
     assert all(  # the simulator does not split a tied weight: degree 1 stays
         s.tensor_parallel == 1 for c in mesh_moves(tied_search, plain) for s in c.stages
     )
+
+
+def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
+    """Six light layers of big activations, then two heavy ones of big weights and small
+    activations, on PCIe: the weights' gradient all-reduce over two replicas costs more
+    than the heavy stage's collectives as a TP2 group, the light stage is better
+    replicated; on NVLink the replicated plan stays (nothing returned)."""
+    from planner.solve.mesh_search import _degree_descent
+
+    base = synthetic_profile(
+        8,
+        forward_ms=2.0,
+        backward_input_ms=2.0,
+        backward_weight_ms=2.0,
+        param_bytes=MIB,
+        optimizer_state_bytes=2 * MIB,
+        output_bytes=256 * MIB,
+        saved_bytes=MIB,
+        input_bytes=256 * MIB,
+    )
+    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
+    layers = [
+        dataclasses.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)
+    ]
+    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
+    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
+    measured = [
+        dataclasses.replace(
+            m,
+            layers=[
+                dataclasses.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)
+            ],
+        )
+        for m in base.measurements
+    ]
+    profile = dataclasses.replace(base, layers=layers, measurements=measured)
+    profile = synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
+    devs = [("gpu0", "gpu1"), ("gpu2", "gpu3")]
+    for name, wins in [("pcie", True), ("nvlink", False)]:
+        search = Search(profile, _topo(name), SolveOptions(), 60.0)
+        shape = mesh_shape(search, [(0, 5), (6, 7)], devs, Mesh(1), "none", "1f1b", 1, 8)
+        start = search.evaluate(shape, "test")
+        found = _degree_descent(search, [start])
+        assert bool(found) == wins, name
+        if wins:
+            assert found[0].key()[:3] < start.key()[:3]
+            assert [(s.tensor_parallel, s.replicas) for s in found[0].shape.stages] == [
+                (1, 2),
+                (2, 1),
+            ]
