@@ -75,6 +75,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -272,6 +273,11 @@ def describe_plan(plan: Plan) -> str:
     depth = len({st.devices for st in stages})
     virtual = len(stages) // depth
     text = f"PP{depth} x DP{st0.replicas} x TP{st0.tensor_parallel}"
+    degrees = [st.tensor_parallel for st in stages]
+    if len(set(degrees)) > 1:  # a degree per stage (issue #22): the runs of equal degrees
+        runs = [(t, len(list(g))) for t, g in itertools.groupby(degrees)]
+        text += " (TP per stage " + ", ".join(f"{t}" + (f"x{n}" if n > 1 else "") for t, n in runs)
+        text += ")"
     if st0.sequence_parallel:
         text += ", SP"
     shardings = sorted({st.sharding for st in stages} - {"none"})

@@ -37,6 +37,7 @@ __all__ = [
     "STAGE_FIELDS",
     "StageSpec",
     "as_stages",
+    "boundary_peers",
     "parse_stages",
     "stages_from_data",
     "validate_stages",
@@ -437,9 +438,9 @@ def validate_stages(
     topology every device must be one of its devices. A device may appear in several
     stages only with ``allow_shared_devices`` (interleaved schedules place ``v`` stages on
     each device), and then in the same tensor-parallel group in each. Neighbouring stages
-    have the same tensor-parallel degree and sequence parallelism (member ``i`` of a group
-    sends to member ``i`` of the next stage's group); sequence parallelism needs groups,
-    sharding replicas.
+    have the same sequence parallelism; their tensor-parallel degrees may differ only where
+    neither uses it (the values crossing are then replicated over each group; who sends to
+    whom: :func:`boundary_peers`); sequence parallelism needs groups, sharding replicas.
 
     Example::
 
@@ -473,19 +474,8 @@ def validate_stages(
         if len(set(stage.devices)) != len(stage.devices):
             fail(f"{where}.devices", f"a device is listed twice: {list(stage.devices)}")
         _check_options(stage, source, where)
-        if i and (stage.tensor_parallel, stage.sequence_parallel) != (
-            stages[i - 1].tensor_parallel,
-            stages[i - 1].sequence_parallel,
-        ):
-            fail(
-                f"{where}.tensor_parallel",
-                f"stage {i} has tensor_parallel {stage.tensor_parallel}"
-                f"{' with sequence parallelism' if stage.sequence_parallel else ''} next to "
-                f"stage {i - 1}'s {stages[i - 1].tensor_parallel}"
-                f"{' with sequence parallelism' if stages[i - 1].sequence_parallel else ''}; "
-                "neighbouring stages need the same (member i of a group sends to member i "
-                "of the next)",
-            )
+        if i:
+            _check_boundary(stages[i - 1], stage, fail)
     if expected < num_layers:
         fail(
             "stages",
@@ -519,6 +509,50 @@ def validate_stages(
                 owner[dev] = i
     elif any(st.tensor_parallel > 1 for st in stages):
         _check_shared_groups(stages, fail)
+
+
+def _check_boundary(before: StageSpec, after: StageSpec, fail: Any) -> None:
+    """Neighbours share sequence parallelism; their degrees may differ only without it."""
+    where = f"stages[{after.id}].tensor_parallel"
+    if before.tensor_parallel != after.tensor_parallel and (
+        before.sequence_parallel or after.sequence_parallel
+    ):
+        fail(
+            where,
+            f"stage {before.id} ({_parallel_text(before)}) and stage {after.id} "
+            f"({_parallel_text(after)}) differ in degree; neighbouring stages of different "
+            "degrees need sequence parallelism off on both sides (with it the values they "
+            "exchange are split along the sequence over each group)",
+        )
+    if before.sequence_parallel != after.sequence_parallel:
+        on, off = (after, before) if after.sequence_parallel else (before, after)
+        fail(
+            where,
+            f"stage {on.id} uses sequence parallelism and its neighbour stage {off.id} does "
+            "not; neighbouring stages need the same (the values they exchange are split "
+            "along the sequence on one side only)",
+        )
+
+
+def _parallel_text(stage: StageSpec) -> str:
+    sp = " with sequence parallelism" if stage.sequence_parallel else ""
+    return f"tensor_parallel {stage.tensor_parallel}{sp}"
+
+
+def boundary_peers(senders: Sequence[str], receivers: Sequence[str]) -> list[tuple[str, str]]:
+    """The member-to-member transfers of one value between two tensor-parallel groups
+    across a stage boundary, as ``(sender, receiver)`` pairs: receiver ``j`` takes it from
+    sender ``j mod len(senders)`` (forward: the earlier stage sends its output; backward:
+    the later stage sends the output's gradient). Equal sizes pair member ``i`` with member
+    ``i``; of different sizes, the value is replicated over each group (no sequence
+    parallelism), so every receiver gets the whole of it, and one sender may serve several.
+
+    Example::
+
+        boundary_peers(("a", "b"), ("c",))   # [('a', 'c')]
+        boundary_peers(("c",), ("a", "b"))   # [('c', 'a'), ('c', 'b')]
+    """
+    return [(senders[j % len(senders)], r) for j, r in enumerate(receivers)]
 
 
 def _check_shared_groups(stages: Sequence[StageSpec], fail: Any) -> None:

@@ -681,6 +681,22 @@ def parallel_plan(
     return path
 
 
+@pytest.mark.parametrize("target", ["torch", "torchtitan"])
+def test_a_plan_of_mixed_degrees_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """Stages of different tensor-parallel degrees (issue #22) run under `pipeplan run`;
+    the exported scripts build one DeviceMesh of pp x dp x tp, so export refuses them."""
+    path = parallel_plan(tmp_path, "0-2:cpu0+cpu1;3-5:cpu2", False, ("none",))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(path), "--to", target, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{path}: stages" in err and "stage 0: 2, stage 1: 1" in err
+    assert "one DeviceMesh of pp x dp x tp" in err and not out.exists()
+
+
 def test_torchtitan_tensor_parallel_and_fsdp_fields(tmp_path: Path) -> None:
     """TP2 x PP2 x DP2 with sequence parallelism and FSDP: torchtitan's degrees, read back;
     what torchtitan cannot express is refused with one line naming the stage's field."""

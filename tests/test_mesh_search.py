@@ -224,3 +224,92 @@ def test_tp_peers_bounded_sweep_finds_what_simulating_everything_finds(name: str
         if peer.name in ("Megatron-LM", "torchtitan"):
             assert {c.tensor_parallel for c in configs} == {1, 2, 4, 8}
     assert sum(b.simulations for b in got) < sum(b.configurations for b in got)
+
+
+def test_the_local_search_may_change_one_stages_degree() -> None:
+    """A move regroups one stage's own devices at another degree (neighbours then differ:
+    issue #22); from such a plan the cut moves keep each stage's degree, and a degree move
+    can make them one again. Kept only where the simulator says it is faster."""
+    from planner.solve.local import local_search
+    from planner.solve.mesh_local import mesh_moves
+
+    profile = synthetic_tensor_parallel(_plain(), (2, 4), sequence_parallel=False)
+    search = Search(profile, _topo("nvlink-pairs"), SolveOptions(), 60.0)
+    devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
+    start = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2), "none", "1f1b", 1, 8)
+    moves = list(mesh_moves(search, start))
+    mixed = [c for c in moves if len({s.tensor_parallel for s in c.stages}) > 1]
+    assert [tuple(s.tensor_parallel for s in c.stages) for c in mixed] == [
+        (1, 2), (4, 2), (2, 1), (2, 4)
+    ]  # fmt: skip
+    assert moves[-len(mixed) :] == mixed  # last: the other moves first, as before
+    assert all([s.devices for s in c.stages] == devs for c in mixed)
+    assert all(not s.sequence_parallel for c in mixed for s in c.stages)
+    one = mixed[0]
+    scored = search.evaluate(one, "test")
+    assert math.isfinite(scored.key()[1])
+    again = list(mesh_moves(search, one))
+    cuts = [c for c in again if [s.devices for s in c.stages] == devs]
+    kept = {(1, 2), (2, 2), (4, 2), (1, 1), (1, 4)}  # cut moves keep (1, 2); degree moves
+    assert all(tuple(s.tensor_parallel for s in c.stages) in kept for c in cuts)
+    assert any(all(s.tensor_parallel == 2 for s in c.stages) for c in again)  # back to one
+    best = local_search(search, scored, 12, moves=mesh_moves)
+    assert best.key()[:3] <= scored.key()[:3]
+    from planner.profile.tied import TiedParameter
+
+    tied = dataclasses.replace(profile, tied_parameters=[TiedParameter("e", (0, 7), 1, 4)])
+    plain = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(1), "none", "1f1b", 1, 8)
+    tied_search = Search(tied, _topo("nvlink-pairs"), SolveOptions(), 60.0)
+    assert all(  # the simulator does not split a tied weight: degree 1 stays
+        s.tensor_parallel == 1 for c in mesh_moves(tied_search, plain) for s in c.stages
+    )
+
+
+def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
+    """Six light layers of big activations, then two heavy ones of big weights and small
+    activations, on PCIe: the weights' gradient all-reduce over two replicas costs more
+    than the heavy stage's collectives as a TP2 group, the light stage is better
+    replicated; on NVLink the replicated plan stays (nothing returned)."""
+    from planner.solve.mesh_search import _degree_descent
+
+    base = synthetic_profile(
+        8,
+        forward_ms=2.0,
+        backward_input_ms=2.0,
+        backward_weight_ms=2.0,
+        param_bytes=MIB,
+        optimizer_state_bytes=2 * MIB,
+        output_bytes=256 * MIB,
+        saved_bytes=MIB,
+        input_bytes=256 * MIB,
+    )
+    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
+    layers = [
+        dataclasses.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)
+    ]
+    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
+    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
+    measured = [
+        dataclasses.replace(
+            m,
+            layers=[
+                dataclasses.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)
+            ],
+        )
+        for m in base.measurements
+    ]
+    profile = dataclasses.replace(base, layers=layers, measurements=measured)
+    profile = synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
+    devs = [("gpu0", "gpu1"), ("gpu2", "gpu3")]
+    for name, wins in [("pcie", True), ("nvlink", False)]:
+        search = Search(profile, _topo(name), SolveOptions(), 60.0)
+        shape = mesh_shape(search, [(0, 5), (6, 7)], devs, Mesh(1), "none", "1f1b", 1, 8)
+        start = search.evaluate(shape, "test")
+        found = _degree_descent(search, [start])
+        assert bool(found) == wins, name
+        if wins:
+            assert found[0].key()[:3] < start.key()[:3]
+            assert [(s.tensor_parallel, s.replicas) for s in found[0].shape.stages] == [
+                (1, 2),
+                (2, 1),
+            ]

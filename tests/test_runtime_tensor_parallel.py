@@ -11,9 +11,10 @@ process by 4e-6 under Adam at lr 1e-2 for the same reason. The cases cover both 
 TP2 x PP2 (4 processes) and TP2 x PP2 x DP2 (6 and 8), 1F1B and interleaved (GPT's in the
 collective count), sequence parallelism on and off, recompute (its forward's collectives
 again), plain data parallelism, ZeRO-1 and FSDP (with the tensor-parallel mesh: FSDP2 over
-the stage's ``dp`` slice). The collectives a run's forwards and backwards issue must be
-the ones the plan's profile lists per layer and the simulator times per microbatch. Runs that
-cannot be exact are refused with one line before any process starts.
+the stage's ``dp`` slice), and neighbouring stages of different degrees (TP1 -> TP2 with
+and without replicas, TP2 -> TP1: 3 or 4 processes). The collectives a run's forwards
+and backwards issue must be the ones the plan's profile lists per layer and the simulator
+times per microbatch. Runs that cannot be exact are refused with one line before any process starts.
 """
 
 from __future__ import annotations
@@ -295,3 +296,59 @@ def test_calibrating_from_a_tensor_parallel_run_is_refused_before_it_starts(
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{path}: --calibrate" in err and "stage 0 is tensor parallel" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "stages"),
+    [
+        pytest.param(GPT, "0-1:cpu0,cpu1;2-3:cpu2+cpu3", id="gpt-dp2-tp1-to-tp2"),
+        pytest.param(LLAMA, "0-2:cpu0;3-4:cpu1+cpu2", id="llama-tp1-to-tp2"),
+    ],
+)
+def test_stages_of_different_degrees_run_equal_one_process(model: Path, stages: str) -> None:
+    """Replicated values cross a boundary between degrees: each receiver takes them from
+    one sender (member ``j mod t``), one sender may serve several receivers."""
+    plan = parallel_plan(stages, "1f1b")
+    assert len({st.tensor_parallel for st in plan.stages}) == 2
+    report = run_exactly(model, plan, "momentum")
+    assert report.world_size == len({d for st in plan.stages for d in st.devices})
+
+
+def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
+    tmp_path: Path,
+) -> None:
+    """GPT at TP2 -> TP1, 1F1B (3 processes): exact, and each microbatch's forward and
+    backward on each member of the TP2 stage issue the collectives its layers' profile
+    lists, which the simulator times; the plain stage issues none."""
+    profile = profile_with_shards(
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2"), repeat=1, warmup=0
+    )
+    path = tmp_path / "tiny_gpt.json"
+    profile.save(path)
+    plan = parallel_plan(
+        "0-1:cpu0+cpu1;2-3:cpu2", "1f1b", profile=FileRef(str(path), sha256_file(path))
+    )
+    report = run_exactly(GPT, plan, "momentum", count_collectives=True)
+    topology = tmp_path / "four.yaml"
+    topology.write_text(TOPOLOGY)
+    topo = load_topology(topology)
+    counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
+    for c in report.collectives:
+        counted.setdefault((c.device, c.stage, c.microbatch, c.phase), []).append((c.op, c.bytes))
+    first = plan.stages[0]
+    timings = profile.measurement(MBS).layers
+    listed = [c for layer in (0, 1) for c in timings[layer].sharded["tp2"].collectives]
+    group = first.replica_groups[0]
+    for phase in ("forward", "backward"):
+        want = [(c.op, c.bytes) for c in listed if c.phase == phase]
+        for dev in group:
+            for k in range(M):
+                assert counted.get((dev, 0, k, phase), []) == want, (dev, k, phase)
+    assert not any(dev == "cpu2" for dev, *_ in counted)
+    sim_ms = pass_collective_ms(profile, topo, first, group, MBS)
+    run_ms = [
+        sum(collective_ms(topo, group, c) for c in listed if c.phase == phase)
+        for phase in ("forward", "backward")
+    ]
+    assert sim_ms == pytest.approx(tuple(run_ms)) and sum(run_ms) > 0
+    assert sum(len(v) for v in counted.values()) == len(report.collectives)

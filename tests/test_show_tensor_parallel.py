@@ -99,3 +99,35 @@ def test_a_member_list_that_is_not_its_leaders_mirror_is_refused(
     code, _, err = _run(capsys, "show", str(plan))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "schedule.devices.gpu1[0]" in err and "mirror of its group leader" in err
+
+
+def test_a_plan_of_mixed_degrees_is_written_and_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof, topo, plan = tmp_path / "prof.json", tmp_path / "eight.yaml", tmp_path / "plan.json"
+    synthetic_tensor_parallel(synthetic_profile(8, output_bytes=10**6), (2,)).save(prof)
+    topo.write_text(TOPOLOGY)
+    common = ["--profile", str(prof), "--topology", str(topo), "-m", "4"]
+    mixed = "0-3:gpu0+gpu1,gpu2+gpu3;4-7:gpu4,gpu5"
+    code, out, err = _run(capsys, "simulate", *common, "--stages", mixed, "-o", str(plan))
+    assert code == 0, err
+    data = json.loads(plan.read_text())
+    assert [s.get("tensor_parallel", 1) for s in data["stages"]] == [2, 1]
+    gpu5 = data["schedule"]["devices"]["gpu5"]
+    assert "SEND_B1.1->gpu2" in gpu5 and "SEND_B1.1->gpu3" in gpu5
+    assert not any(a.startswith("SEND_F") for a in data["schedule"]["devices"]["gpu1"])
+    assert Plan.load(plan).to_dict() == data
+    trace = tmp_path / "t.json"
+    code, out, err = _run(capsys, "show", str(plan), "--trace", str(trace))
+    assert code == 0, err
+    assert f"Iteration: {data['predicted']['iteration_ms']:.3f} ms" in out
+    gantt = [line.split()[0] for line in out.splitlines() if line.startswith("gpu")]
+    assert gantt == ["gpu0+gpu1", "gpu2+gpu3", "gpu4", "gpu5"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"gpu0+gpu1 -> gpu4", "gpu4 -> gpu0+gpu1"} <= tracks
+    code, _, err = _run(
+        capsys, "simulate", *common, "--stages", "0-3:gpu0+gpu1;4-7:gpu4", "--sequence-parallel"
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "stage 0 (tensor_parallel 2 with sequence parallelism) and stage 1" in err

@@ -24,6 +24,7 @@ from planner.schedule import build_schedule, validate_schedule
 from planner.schedule.groups import unmirror
 from planner.simulate import simulate
 from planner.simulate.group_comm import group_transfer_ms
+from planner.simulate.tables import with_message_overheads
 from planner.solve.bounds import search_bound_ms
 from planner.stages import StageSpec, parse_stages, with_parallelism
 from planner.topology import load_topology, topology_from_dict, uniform_topology
@@ -521,3 +522,111 @@ def test_a_profile_changed_in_place_is_read_as_it_is_now() -> None:
         for t in m.layers:
             t.sharded["tp2"] = dataclasses.replace(t.sharded["tp2"], forward_ms=2.0)
     assert simulate(prof, None, "0-3:a+b", "1f1b", 2).iteration_ms == first + 2 * 4 * 1.5
+
+
+@pytest.mark.parametrize(
+    ("text", "forward", "backward"),
+    [
+        # TP2 -> TP1: gpu2 takes the output from gpu0; both members take its gradient from
+        # gpu2, whose one uplink carries it twice.
+        ("0-1:gpu0+gpu1;2-3:gpu2", 1, 2),
+        # TP1 -> TP2: gpu0 sends its output to both members; gpu1 returns the gradient.
+        ("0-1:gpu0;2-3:gpu1+gpu2", 2, 1),
+    ],
+)
+def test_stages_of_different_degrees_exchange_replicated_values(
+    text: str, forward: int, backward: int
+) -> None:
+    topo = uniform_topology(4, bandwidth=BW)
+    res = simulate(_profile(), topo, text, "gpipe", 1)
+    times = {t.kind: t.end_ms - t.start_ms for t in res.transfers}
+    assert times["F"] == pytest.approx(forward * N / BW * 1e3, rel=1e-12)
+    assert times["B"] == pytest.approx(backward * N / BW * 1e3, rel=1e-12)
+    stages = parse_stages(text)
+    first, second = (st.replica_groups[0] for st in stages)
+    assert group_transfer_ms(topo, first, second, N) == pytest.approx(times["F"], rel=1e-12)
+    assert group_transfer_ms(topo, second, first, N) == pytest.approx(times["B"], rel=1e-12)
+
+
+def test_members_of_groups_of_different_sizes_send_to_every_member_they_serve() -> None:
+    stages = parse_stages("0-1:gpu0+gpu1;2-3:gpu2")
+    sched = build_schedule("1f1b", stages, 2)
+    lists = {d: [str(a) for a in acts if a.peer] for d, acts in sched.devices.items()}
+    assert lists["gpu0"][:2] == ["SEND_F0.0->gpu2", "SEND_F0.1->gpu2"]
+    assert lists["gpu1"][:2] == ["RECV_B0.0<-gpu2", "RECV_B0.1<-gpu2"]  # sends nothing
+    assert lists["gpu2"][:3] == ["RECV_F1.0<-gpu0", "SEND_B1.0->gpu0", "SEND_B1.0->gpu1"]
+    validate_schedule(sched, stages)
+    broken = {d: list(acts) for d, acts in sched.devices.items()}
+    del broken["gpu2"][[str(a) for a in broken["gpu2"]].index("SEND_B1.0->gpu1")]
+    with pytest.raises(InputError, match="expected SEND_B1.0->gpu1") as info:
+        unmirror(broken, stages)
+    assert info.value.field.startswith("schedule.devices.gpu2[")
+    wide = build_schedule("1f1b", parse_stages("0:a;1:b+c+d;2:e+f"), 1).devices
+    peers = {d: [str(a) for a in acts if a.peer] for d, acts in wide.items()}
+    assert peers["a"] == ["SEND_F0.0->b", "SEND_F0.0->c", "SEND_F0.0->d", "RECV_B0.0<-b"]
+    assert peers["d"] == ["RECV_F1.0<-a", "RECV_B1.0<-e"]  # a takes from b; 2 mod 2: e
+    assert peers["c"] == ["RECV_F1.0<-a", "SEND_F1.0->f", "RECV_B1.0<-f"]
+
+
+def test_different_degrees_next_to_sequence_parallelism_are_refused() -> None:
+    sp = with_parallelism(parse_stages("0-1:a+b;2-3:c+d"), sequence_parallel=True)
+    wide = StageSpec(1, (2, 3), ("c", "d", "e", "f"), tensor_parallel=4, sequence_parallel=True)
+    with pytest.raises(InputError, match="need sequence parallelism off on both sides") as info:
+        simulate(_profile(), None, [sp[0], wide], "1f1b", 4)
+    assert info.value.field == "stages[1].tensor_parallel"
+
+
+def test_a_member_pays_a_message_overhead_per_peer_it_serves() -> None:
+    topo = load_topology(ROOT / "topologies" / "cpu4.yaml")  # 300 us per message
+    stages = parse_stages("0-1:cpu0+cpu1;2-3:cpu2")
+    zero = {(0, "cpu0"): (0.0, 0.0, 0.0, 0.0), (1, "cpu2"): (0.0, 0.0, 0.0, 0.0)}
+    out = with_message_overheads(zero, topo, stages, [0, N])
+    assert out[(0, "cpu0")] == pytest.approx((0.3, 0.3, 0.3, 0.0))  # one send, one receive
+    assert out[(1, "cpu2")] == pytest.approx((0.3, 0.6, 0.6, 0.0))  # gradient to both
+
+
+def _random_mixed_plan(rng: random.Random, n: int, names: list[str]) -> list[StageSpec]:
+    """A random partition of ``n`` layers into stages of degrees 1, 2 or 4 each (no
+    sequence parallelism), random replicas, recompute and sharding."""
+    s = rng.randint(1, min(n, len(names) // 2))
+    cuts = sorted(rng.sample(range(n - 1), s - 1))
+    bounds = [-1, *cuts, n - 1]
+    pool = list(names)
+    rng.shuffle(pool)
+    out, pos = [], 0
+    for k in range(s):
+        t = rng.choice([t for t in (1, 2, 4) if pos + t + (s - k - 1) <= len(pool)])
+        r = rng.randint(1, max(1, min(2, (len(pool) - pos - (s - k - 1)) // t)))
+        devices = tuple(pool[pos : pos + r * t])
+        pos += r * t
+        sharding = rng.choice(["none", "zero1", "fsdp"]) if r > 1 else "none"
+        out.append(
+            StageSpec(k, (bounds[k] + 1, bounds[k + 1]), devices, rng.random() < 0.2,
+                      tensor_parallel=t, sharding=sharding)
+        )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("topo_name", ["hetero", "two-node-ib"])
+def test_bounds_stay_below_the_simulated_time_with_mixed_degrees(topo_name: str) -> None:
+    topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
+    rng = random.Random(topo_name + " mixed")
+    checked = mixed = 0
+    for case in range(30):
+        profile = synthetic_tensor_parallel(
+            random_profile(rng.randint(2, 9), case, sizes=(1, 2)), (2, 4)
+        )
+        stages = _random_mixed_plan(rng, profile.num_layers, topo.device_names())
+        schedule = rng.choice([s for s in GENERATED if s != "interleaved"])
+        m, mb = rng.choice([4, 6, 8]), rng.choice([1, 2])
+        try:
+            res = simulate(profile, topo, stages, schedule, m, mb, events=False)
+        except InputError as exc:
+            assert "2bw" in str(exc) or "weight versions" in str(exc), exc
+            continue
+        bound = search_bound_ms(profile, topo, stages, schedule, m, mb)
+        assert res.lower_bound_ms <= res.iteration_ms + 1e-9
+        assert bound <= res.iteration_ms + 1e-9, (stages, schedule, m, mb)
+        checked += 1
+        mixed += len({st.tensor_parallel for st in stages}) > 1
+    assert checked >= 15 and mixed >= 8

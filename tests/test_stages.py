@@ -127,13 +127,20 @@ def test_options_a_stage_cannot_take_are_refused(
 
 def test_groups_line_up_from_stage_to_stage() -> None:
     validate_stages(parse_stages(TP_TEXT), 4, None)  # simulated now: no refusal here
-    with pytest.raises(InputError, match="neighbouring stages need the same") as info:
-        validate_stages(parse_stages("0-1:a+b;2-3:c"), 4, None)
-    assert info.value.field == "stages[1].tensor_parallel"
+    validate_stages(parse_stages("0-1:a+b;2-3:c"), 4, None)  # mixed degrees, replicated
+    validate_stages(parse_stages("0-1:a;2-3:b+c,d+e"), 4, None)
     sp = with_parallelism(parse_stages("0-1:a+b"), sequence_parallel=True)
     second = StageSpec(1, (2, 3), ("c", "d"), tensor_parallel=2)
-    with pytest.raises(InputError, match="next to stage 0's 2 with sequence parallelism"):
+    with pytest.raises(InputError, match="stage 0 uses sequence parallelism and its neigh"):
         validate_stages([*sp, second], 4, None)
+    wide = StageSpec(1, (2, 3), ("c", "d", "e", "f"), tensor_parallel=4, sequence_parallel=True)
+    with pytest.raises(InputError, match="stage 0 .tensor_parallel 2 with sequence par") as info:
+        validate_stages([*sp, wide], 4, None)
+    assert info.value.field == "stages[1].tensor_parallel"
+    assert "stage 1 (tensor_parallel 4 with sequence parallelism)" in str(info.value)
+    assert "need sequence parallelism off on both sides" in str(info.value)
+    with pytest.raises(InputError, match="and stage 1 .tensor_parallel 1. differ in degree"):
+        validate_stages([*sp, StageSpec(1, (2, 3), ("c",))], 4, None)
     interleaved = parse_stages("0:a+b;1:c+d;2:a+b;3:c+d")
     validate_stages(interleaved, 4, None, allow_shared_devices=True)
     with pytest.raises(InputError, match="keeps its tensor-parallel group") as info:

@@ -145,7 +145,17 @@ def torch_layout(
             file=source,
             field="stages",
         )
-    dp, tp = counts[0], stages[0].tensor_parallel  # neighbours' degrees are equal (validated)
+    degrees = {s.tensor_parallel for s in stages}
+    if len(degrees) > 1:
+        which = ", ".join(f"stage {s.id}: {s.tensor_parallel}" for s in stages)
+        raise InputError(
+            f"tensor-parallel degrees differ between stages ({which}): the exported "
+            "script runs one DeviceMesh of pp x dp x tp, one degree for the whole "
+            "pipeline; `pipeplan run` runs this plan, or simulate it with one degree",
+            file=source,
+            field="stages",
+        )
+    dp, tp = counts[0], stages[0].tensor_parallel
     m = schedule.num_microbatches
     if m % dp:
         raise InputError(

@@ -28,8 +28,10 @@ Actions:
 
 Tensor parallelism: each member of a stage's group is a process running its own mirrored
 list (member ``i`` sends to and receives from member ``i`` of the neighbouring stage's
-group); the group's collectives run inside the stage modules (DTensor), and only the
-leaders (member 0) report the loss. With ``counter`` the collectives each forward and
+group; next to a stage of another degree, as :func:`~planner.stages.boundary_peers` pairs
+them: a member may send one value to several members, or to none); the group's
+collectives run inside the stage modules (DTensor), and only the leaders (member 0)
+report the loss. With ``counter`` the collectives each forward and
 backward issues are recorded (:class:`~planner.runtime.collective_count.CollectiveCounter`).
 
 Example::
@@ -197,7 +199,7 @@ class ProcessExecutor:
         """Run every local action list once; ``inputs[k]``/``targets[k]`` per microbatch."""
         self.inputs, self.targets = inputs, targets
         self.mailbox: dict[MessageKey, tuple[Any, Any]] = {}
-        self.outbox: dict[MessageKey, list[torch.Tensor]] = {}
+        self.outbox: dict[tuple[MessageKey, str], list[torch.Tensor]] = {}  # per consumer
         self.arrived: dict[tuple[str, int, int], int] = {}
         self.done: dict[tuple[str, int, int], Any] = {}
         self.losses: dict[int, torch.Tensor] = {}
@@ -296,7 +298,8 @@ class ProcessExecutor:
                 dst = self.placement.rank_of[a.peer]
                 if dst != self.rank:
                     with self._stream(dev):  # NCCL orders the send after this stream's work
-                        self.p2p.send(message_key(a), dst, self.outbox.pop(message_key(a)))
+                        tensors = self.outbox.pop((message_key(a), a.peer))
+                        self.p2p.send(message_key(a), dst, tensors)
             elif kind in (_T.RECV_ACT, _T.RECV_GRAD):
                 yield from self._receive(dev, a)
             elif kind is _T.ALLREDUCE:
@@ -328,7 +331,7 @@ class ProcessExecutor:
             if self.place[dev] == 0:  # a group's members compute the same loss
                 self.losses[k] = out
             return
-        self._deliver(dev, ("F", s + 1, k), self._consumer(dev, s + 1, k), out)
+        self._deliver(dev, ("F", s + 1, k), self._consumers(dev, s, s + 1, k), out)
 
     def _backward(self, dev: str, a: Action) -> None:
         s, k = a.stage, a.microbatch
@@ -344,25 +347,29 @@ class ProcessExecutor:
             in_grads = runtime.backward_input(k, grads)  # type: ignore[arg-type]
         self.clock.add(dev, a.kind.value, s, k, t0, self.clock.now())
         if s > 0:
-            self._deliver(dev, ("B", s - 1, k), self._consumer(dev, s - 1, k), in_grads)
+            self._deliver(dev, ("B", s - 1, k), self._consumers(dev, s, s - 1, k), in_grads)
 
-    def _consumer(self, dev: str, s: int, k: int) -> str:
-        """The device of stage ``s`` that takes microbatch ``k`` from ``dev``: the member at
-        ``dev``'s place in the group of the replica running ``k``."""
+    def _consumers(self, dev: str, own: int, s: int, k: int) -> list[str]:
+        """The devices of stage ``s`` that take microbatch ``k`` from ``dev`` (of stage
+        ``own``): in the group of the replica running ``k``, each member ``j`` with
+        ``j mod t == dev's place`` (``t``: ``own``'s degree; of equal degrees, the member
+        at ``dev``'s place; :func:`~planner.stages.boundary_peers`)."""
         group = self.stages[s].replica_groups[k % self.stages[s].replicas]
-        return group[self.place[dev] % len(group)]
+        return list(group[self.place[dev] :: self.stages[own].tensor_parallel])
 
     def _counting(self, dev: str, a: Action) -> Any:
         if self.counter is None:
             return contextlib.nullcontext()
         return self.counter.action(dev, a.kind.value, a.stage, a.microbatch)
 
-    def _deliver(self, dev: str, key: MessageKey, consumer: str, values: Any) -> None:
-        """Hand a message to a local consumer, or keep its tensors for the SEND action."""
-        if self.placement.rank_of[consumer] == self.rank:
-            self.mailbox[key] = (values, self._event(dev))
-        else:
-            self.outbox[key] = [v for v in values if isinstance(v, torch.Tensor)]
+    def _deliver(self, dev: str, key: MessageKey, consumers: list[str], values: Any) -> None:
+        """Hand a message to a local consumer, or keep its tensors for each consumer's
+        SEND action."""
+        for consumer in consumers:
+            if self.placement.rank_of[consumer] == self.rank:
+                self.mailbox[key] = (values, self._event(dev))
+            else:
+                self.outbox[(key, consumer)] = [v for v in values if isinstance(v, torch.Tensor)]
 
     def _receive(self, dev: str, a: Action) -> Iterator[_Wait]:
         key = message_key(a)

@@ -4,10 +4,11 @@ The members of a tensor-parallel group run identical action lists: the group's l
 (its first device, :attr:`~planner.stages.StageSpec.leaders`) runs the schedule's actions,
 and member ``i`` runs the same actions with each peer replaced by member ``i`` of the peer's
 group (member ``i`` of a group sends to and receives from member ``i`` of the neighbouring
-stage's group). Generators and the simulator therefore work on the *leader view* of a
-partition (:func:`leader_stages`: one device per replica, the leader), and the device lists
-of a plan hold every member (:func:`mirror`); :func:`unmirror` checks that a plan's lists
-are such mirrors and gives back the leaders' lists.
+stage's group; between groups of different sizes see :func:`mirror`). Generators and the
+simulator therefore work on the *leader view* of a partition (:func:`leader_stages`: one
+device per replica, the leader), and the device lists of a plan hold every member
+(:func:`mirror`); :func:`unmirror` checks that a plan's lists are such mirrors and gives
+back the leaders' lists.
 
 Example::
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from planner.errors import InputError
-from planner.schedule.action import Action
+from planner.schedule.action import SENDS, Action
 from planner.stages import StageSpec
 
 __all__ = ["group_of_leader", "is_grouped", "leader_stages", "mirror", "unmirror"]
@@ -71,22 +72,41 @@ def mirror(
 ) -> dict[str, list[Action]]:
     """Every device's list from the leaders' ``lists``: each member right after its leader,
     with the leader's actions and each peer mapped to the peer group's member at the same
-    place.
+    place. Between groups of different sizes (:func:`~planner.stages.boundary_peers`) a
+    member receives from the peer group's member ``i mod u`` and sends to each member ``k``
+    with ``k mod t == i`` (``t``, ``u``: its group's and the peer group's sizes), so a send
+    may become several or none.
 
     Example::
 
         mirror({"a": [Action.parse("RECV_F1.0<-c")]}, parse_stages("0:c+d;1:a+b"))
         # {'a': [RECV_F1.0<-c], 'b': [RECV_F1.0<-d]}
+        mirror({"c": [Action.parse("SEND_B1.0->a")]}, parse_stages("0:a+b;1:c"))
+        # {'c': [SEND_B1.0->a, SEND_B1.0->b]}
     """
     groups = group_of_leader(stages)
     out: dict[str, list[Action]] = {}
     for leader, acts in lists.items():
-        out[leader] = list(acts)
         group = groups.get(leader, (leader,))
-        for i, member in enumerate(group[1:], start=1):
-            out[member] = [
-                a if a.peer not in groups else a._replace(peer=groups[a.peer][i]) for a in acts
-            ]
+        for i, member in enumerate(group):
+            out[member] = _member_actions(acts, i, len(group), groups)
+    return out
+
+
+def _member_actions(
+    acts: Sequence[Action], place: int, size: int, groups: Mapping[str, tuple[str, ...]]
+) -> list[Action]:
+    """The list of member ``place`` of a group of ``size`` (see :func:`mirror`)."""
+    out: list[Action] = []
+    for a in acts:
+        if a.peer is None:
+            out.append(a)
+            continue
+        peers = groups.get(a.peer, (a.peer,))
+        if a.kind in SENDS:
+            out.extend(a._replace(peer=peers[k]) for k in range(place, len(peers), size))
+        else:
+            out.append(a._replace(peer=peers[place % len(peers)]))
     return out
 
 
@@ -105,7 +125,13 @@ def unmirror(
     """
     groups = group_of_leader(stages)
     members = {m for g in groups.values() for m in g[1:]}
-    leaders = {d: list(acts) for d, acts in lists.items() if d not in members}
+    # A leader's own list may send to members too (to a larger group): those sends follow
+    # from the leader's send to the peer group's leader, as the members' lists do.
+    leaders = {
+        d: [a for a in acts if a.peer not in members]
+        for d, acts in lists.items()
+        if d not in members
+    }
     expected = mirror(leaders, stages)
     for dev in members:
         if dev not in lists:
@@ -114,7 +140,8 @@ def unmirror(
                 file=source,
                 field=f"schedule.devices.{dev}",
             )
-        got, want = list(lists[dev]), expected[dev]
+    for dev, want in expected.items():
+        got = list(lists[dev])
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
             at = min(len(got), len(want)) if at is None else at

@@ -110,7 +110,7 @@ def _hop_ms(
         if topology is None or a == b:
             out.append(0.0)
             continue
-        if stages[s].tensor_parallel == 1:
+        if stages[s].tensor_parallel == stages[s - 1].tensor_parallel == 1:
             out.append(
                 topology.transfer_ms(b, a, cut[s])
                 if backward

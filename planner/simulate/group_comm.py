@@ -34,7 +34,7 @@ from planner.cost import stage_param_bytes, stage_tied_parameters
 from planner.profile.schema import Profile
 from planner.profile.sharding import Collective, shard_key
 from planner.simulate.shards import shard_view
-from planner.stages import StageSpec
+from planner.stages import StageSpec, boundary_peers
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -192,9 +192,10 @@ def gather_ms(profile: Profile, topology: Topology | None, stage: StageSpec) -> 
 def group_transfer(
     topology: Topology, sources: Sequence[str], targets: Sequence[str], nbytes: int
 ) -> tuple[list[tuple[str, str]], float, float]:
-    """Member ``i`` of ``sources`` sends ``nbytes`` to member ``i`` of ``targets``, all at
-    once: ``(links, latency_ms, wire_ms)`` of the whole, every link any of them uses held
-    for the longest latency plus the busiest link's bytes over its bandwidth.
+    """Member ``i`` of ``sources`` sends ``nbytes`` to member ``i`` of ``targets`` (of
+    groups of different sizes: :func:`~planner.stages.boundary_peers`), all at once:
+    ``(links, latency_ms, wire_ms)`` of the whole, every link any of them uses held for
+    the longest latency plus the busiest link's bytes over its bandwidth.
 
     Example::
 
@@ -248,7 +249,12 @@ def _group_route(
         return hit
     use: dict[tuple[str, str], int] = {}
     latency = 0.0
-    for a, b in zip(sources, targets, strict=True):
+    pairs = (
+        zip(sources, targets, strict=True)
+        if len(sources) == len(targets)
+        else boundary_peers(sources, targets)
+    )
+    for a, b in pairs:
         if a == b:
             continue
         latency = max(latency, topology.latency_ms(a, b))

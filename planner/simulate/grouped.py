@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from planner.schedule import Schedule
+from planner.schedule.action import Action
 from planner.schedule.groups import group_of_leader, leader_stages
 from planner.simulate.result import SimResult
 from planner.stages import StageSpec
@@ -59,12 +60,21 @@ def leader_schedule(schedule: Schedule, stages: Sequence[StageSpec]) -> Schedule
         schedule.name,
         schedule.num_stages,
         schedule.num_microbatches,
-        {d: acts for d, acts in schedule.devices.items() if d in leaders},
+        {d: _to_leaders(acts, leaders) for d, acts in schedule.devices.items() if d in leaders},
         virtual_stages=schedule.virtual_stages,
         flush=schedule.flush,
         iterations=schedule.iterations,
         meta=schedule.meta,
     )
+
+
+def _to_leaders(acts: list[Action], leaders: set[str]) -> list[Action]:
+    """A leader's list without its sends to other members of a larger group (next to a
+    stage of another degree: :func:`~planner.schedule.groups.mirror`); the list itself
+    where it has none."""
+    if all(a.peer is None or a.peer in leaders for a in acts):
+        return acts
+    return [a for a in acts if a.peer is None or a.peer in leaders]
 
 
 def with_members(

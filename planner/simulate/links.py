@@ -94,8 +94,10 @@ def route_of_way(
     src, dst = divmod(pair, len(devices))
     a, b = devices[src], devices[dst]
     nbytes = cut[c]
-    if groups and a in groups:
-        hops, latency, wire = group_transfer(topology, groups[a], groups[b], nbytes)
+    if groups and (a in groups or b in groups):
+        hops, latency, wire = group_transfer(
+            topology, groups.get(a, (a,)), groups.get(b, (b,)), nbytes
+        )
         ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in hops)
         return (ids, latency, wire, src, dst, nbytes)
     ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in topology.route_links(a, b))

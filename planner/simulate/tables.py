@@ -211,9 +211,42 @@ def with_message_overheads(
             continue
         before = si > 0 and cut[si] > 0 and dev not in stages[si - 1].devices
         after = si < last and cut[si + 1] > 0 and dev not in stages[si + 1].devices
+        if _mixed_neighbours(stages, si):
+            forward, backward = _mixed_overheads(topology, stages, si, group, before, after)
+            out[(si, dev)] = (f + forward, b + backward, i + backward, w)
+            continue
         messages = cost * (int(before) + int(after))
         out[(si, dev)] = (f + messages, b + messages, i + messages, w)
     return out
+
+
+def _mixed_neighbours(stages: Sequence[StageSpec], si: int) -> bool:
+    """Whether stage ``si``'s tensor-parallel degree differs from a neighbour's."""
+    t = stages[si].tensor_parallel
+    return any(0 <= n < len(stages) and stages[n].tensor_parallel != t for n in (si - 1, si + 1))
+
+
+def _mixed_overheads(
+    topology: Topology,
+    stages: Sequence[StageSpec],
+    si: int,
+    group: tuple[str, ...],
+    before: bool,
+    after: bool,
+) -> tuple[float, float]:
+    """A group's message overheads per ``F`` and per ``B``/``I`` next to a stage of another
+    degree: member ``i`` receives one message per input and sends one to each member of
+    the peer group it serves (:func:`~planner.stages.boundary_peers`), so members differ;
+    the group pays its slowest member's."""
+    t = len(group)
+    prev = stages[si - 1].tensor_parallel if before else 0
+    nxt = stages[si + 1].tensor_parallel if after else 0
+    forward = backward = 0.0
+    for place, dev in enumerate(group):
+        cost = topology.device(dev).message_overhead_ms
+        forward = max(forward, cost * (int(before) + len(range(place, nxt, t))))
+        backward = max(backward, cost * (int(after) + len(range(place, prev, t))))
+    return forward, backward
 
 
 def _group_times(

@@ -47,6 +47,7 @@ __all__ = [
     "mesh_recompute",
     "mesh_shape",
     "mesh_stages",
+    "stage_degrees",
 ]
 
 Ranges = Sequence[tuple[int, int]]
@@ -76,17 +77,21 @@ def mesh_stages(
     mesh: Mesh,
     sharding: str | Sequence[str],
     recompute: Sequence[bool],
+    degrees: Sequence[int] | None = None,
 ) -> tuple[StageSpec, ...]:
     """The stages: layer range ``k`` on ``stage_devices[k]`` (replica-major groups of
-    ``mesh.degree``), ``sharding`` (one for all, or per stage) where a stage has two or
-    more replicas.
+    ``mesh.degree``, or of ``degrees[k]``: a degree per stage, without sequence
+    parallelism), ``sharding`` (one for all, or per stage) where a stage has two or more
+    replicas.
 
     Example::
 
         mesh_stages([(0, 3), (4, 7)], [("a", "b"), ("c", "d")], Mesh(2), "none", [False] * 2)
+        mesh_stages([(0, 3), (4, 7)], [("a", "b"), ("c", "d")], Mesh(2), "none",
+                    [False] * 2, degrees=[2, 1])   # stage 1: two replicas of one device
     """
-    t = mesh.degree
     shard = [sharding] * len(ranges) if isinstance(sharding, str) else list(sharding)
+    ts = [mesh.degree] * len(ranges) if degrees is None else list(degrees)
     return tuple(
         StageSpec(
             k,
@@ -97,10 +102,21 @@ def mesh_stages(
             sequence_parallel=mesh.sequence_parallel and t > 1,
             sharding=sh if len(devs) // t > 1 else "none",
         )
-        for k, ((a, b), devs, sh, rc) in enumerate(
-            zip(ranges, stage_devices, shard, recompute, strict=True)
+        for k, ((a, b), devs, sh, rc, t) in enumerate(
+            zip(ranges, stage_devices, shard, recompute, ts, strict=True)
         )
     )
+
+
+def stage_degrees(shape: PlanShape) -> list[int] | None:
+    """Each stage's tensor-parallel degree where they differ, None where they are one.
+
+    Example::
+
+        stage_degrees(shape)   # None, or e.g. [2, 2, 1]
+    """
+    degrees = [st.tensor_parallel for st in shape.stages]
+    return degrees if len(set(degrees)) > 1 else None
 
 
 def mesh_recompute(
@@ -138,10 +154,12 @@ def mesh_shape(
     m: int,
     virtual: int = 1,
     recompute: Sequence[bool] | None = None,
+    degrees: Sequence[int] | None = None,
 ) -> PlanShape:
-    """The candidate for these stages on ``mesh``; recompute as given or where a member's
-    memory needs it (:func:`mesh_recompute`); a stage without parameters is never sharded
-    (nothing to shard: the simulator refuses it).
+    """The candidate for these stages on ``mesh`` (or a degree per stage:
+    :func:`mesh_stages`); recompute as given or where a member's memory needs it
+    (:func:`mesh_recompute`); a stage without parameters is never sharded (nothing to
+    shard: the simulator refuses it).
 
     Example::
 
@@ -153,7 +171,7 @@ def mesh_shape(
         sh if any(ly.param_bytes for ly in layers[a : b + 1]) else "none"
         for (a, b), sh in zip(ranges, shard, strict=True)
     ]
-    stages = mesh_stages(ranges, stage_devices, mesh, shard, [False] * len(ranges))
+    stages = mesh_stages(ranges, stage_devices, mesh, shard, [False] * len(ranges), degrees)
     if recompute is None:
         recompute = mesh_recompute(search, stages, schedule, mb, m, virtual)
     stages = tuple(st.with_recompute(bool(rc)) for st, rc in zip(stages, recompute, strict=True))

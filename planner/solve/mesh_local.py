@@ -5,8 +5,12 @@ From a plan whose stages share a degree and sequence parallelism, in a fixed ord
 cut by one or two layers; switch sequence parallelism for the whole pipeline; change one
 stage's sharding, or every stage's; unless interleaved, exchange the ``j``-th groups of two
 neighbouring stages, and move a stage's last group to a neighbour (with the cut between
-them moved a layer either way). Recompute is worked out for each (a member's memory), and
-settled by the simulator as for every candidate.
+them moved a layer either way); last, unless interleaved or sequence parallel, change one
+stage's tensor-parallel degree (its devices regrouped: :func:`_degree_changes`), which
+may leave neighbouring stages at different degrees (issue #22: the values crossing are
+replicated over each group). From such a plan: the cut, sharding and degree moves.
+Recompute is worked out for each (a member's memory), and settled by the simulator as for
+every candidate.
 
 Example::
 
@@ -15,16 +19,18 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.local import moved_cut
-from planner.solve.mesh import Mesh, mesh_shape
+from planner.solve.mesh import Mesh, mesh_shape, stage_degrees
+from planner.solve.mesh_grid import mesh_degrees
 from planner.solve.search import Search
 from planner.stages import SHARDINGS
 
-__all__ = ["mesh_moves"]
+__all__ = ["degree_moves", "mesh_moves"]
 
 Layout = tuple[list[tuple[int, int]], list[tuple[str, ...]], list[str]]
 
@@ -36,13 +42,14 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
 
         next(mesh_moves(search, shape)).stages[0].tensor_parallel
     """
+    degrees = stage_degrees(c)
     st0 = c.stages[0]
     mesh = Mesh(st0.tensor_parallel, st0.sequence_parallel)
     ranges = [s.layers for s in c.stages]
     devs = [s.devices for s in c.stages]
     shard = [s.sharding for s in c.stages]
 
-    def build(layout: Layout, m: Mesh = mesh) -> PlanShape:
+    def build(layout: Layout, m: Mesh = mesh, ts: Sequence[int] | None = degrees) -> PlanShape:
         r, d, sh = layout
         return mesh_shape(
             search,
@@ -54,20 +61,70 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
             c.microbatch_size,
             c.num_microbatches,
             c.virtual_stages,
+            degrees=ts,
         )
 
     for k in range(len(ranges) - 1):
         for new in moved_cut(ranges, k):
             yield build((new, devs, shard))
     info = search.profile.tensor_parallel
-    if mesh.degree > 1 and info is not None and info.sequence_parallel:
+    if degrees is None and mesh.degree > 1 and info is not None and info.sequence_parallel:
         yield build((ranges, devs, shard), Mesh(mesh.degree, not mesh.sequence_parallel))
     if family(c.schedule).flush:
         for sh in _shardings(c, shard):
             yield build((ranges, devs, sh))
-    if c.virtual_stages == 1:
+    if c.virtual_stages > 1:
+        return
+    if degrees is None:
         for layout in _regroupings(ranges, devs, shard, mesh.degree):
             yield build(layout)
+    yield from degree_moves(search, c)
+
+
+def degree_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
+    """The plans with one stage's tensor-parallel degree changed (:func:`_degree_changes`),
+    the last of :func:`mesh_moves`; none for interleaved or sequence-parallel plans or a
+    profile without tensor-parallel entries.
+
+    Example::
+
+        [st.tensor_parallel for st in next(degree_moves(search, shape)).stages]   # [1, 2]
+    """
+    if c.virtual_stages > 1 or c.stages[0].sequence_parallel:
+        return
+    if search.profile.tensor_parallel is None:
+        return
+    ranges = [s.layers for s in c.stages]
+    devs = [s.devices for s in c.stages]
+    shard = [s.sharding for s in c.stages]
+    for ts in _degree_changes(c, mesh_degrees(search)):  # [1] where a weight is tied
+        one = len(set(ts)) == 1  # every stage at one degree again
+        yield mesh_shape(
+            search,
+            ranges,
+            devs,
+            Mesh(ts[0]) if one else Mesh(1),
+            shard,
+            c.schedule,
+            c.microbatch_size,
+            c.num_microbatches,
+            c.virtual_stages,
+            degrees=None if one else ts,
+        )
+
+
+def _degree_changes(c: PlanShape, allowed: Sequence[int]) -> Iterator[list[int]]:
+    """The stages' degrees with one stage's changed, the nearest degrees first: its own
+    devices regrouped (replica-major, so a group splits into consecutive parts or
+    consecutive groups join); a stage that ends with one replica is not sharded
+    (:func:`~planner.solve.mesh.mesh_stages`)."""
+    degrees = [st.tensor_parallel for st in c.stages]
+    for k, st in enumerate(c.stages):
+        t, n = st.tensor_parallel, len(st.devices)
+        near = sorted((abs(math.log2(u / t)), u) for u in allowed if u != t and n % u == 0)
+        for _, u in near:
+            if max(u, t) % min(u, t) == 0:
+                yield [*degrees[:k], u, *degrees[k + 1 :]]
 
 
 def _shardings(c: PlanShape, shard: Sequence[str]) -> Iterator[list[str]]:

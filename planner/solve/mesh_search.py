@@ -11,7 +11,9 @@ run by :func:`planner.solve.solve` when the profile has tensor-parallel entries.
    (:func:`planner.solve.mesh.mesh_estimate_ms`) go on.
 2. **By bound**: simulated in the order of the search's lower bound while it can beat the
    best plans found so far (pipeplan's plain search's included), as the plain grid is.
-3. **Local search** (:mod:`planner.solve.mesh_local`) from the best few distinct plans.
+3. **Local search** (:mod:`planner.solve.mesh_local`) from the best few distinct plans,
+   then from the best of them a descent over one stage's tensor-parallel degree at a time
+   (issue #22: kept only where strictly faster).
 4. **Schedules**: the best few under every other schedule allowed, and re-cut into 2, 3
    or 4 interleaved chunks per device, where their bound can beat the best.
 
@@ -30,9 +32,9 @@ from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.grid import by_bound
 from planner.solve.local import distinct_starts, local_budget, local_search
-from planner.solve.mesh import Mesh, mesh_cuts, mesh_estimate_ms, mesh_shape
+from planner.solve.mesh import Mesh, mesh_cuts, mesh_estimate_ms, mesh_shape, stage_degrees
 from planner.solve.mesh_grid import mesh_grid
-from planner.solve.mesh_local import mesh_moves
+from planner.solve.mesh_local import degree_moves, mesh_moves
 from planner.solve.options import (
     INTERLEAVED_BASE,
     INTERLEAVED_SEEDS,
@@ -80,6 +82,7 @@ def mesh_search(
         scored.append(
             local_search(search, start, budget if rank == 0 else budget // 6, moves=mesh_moves)
         )
+    scored.extend(_degree_descent(search, scored))
     fitting = [x for x in [*incumbents, *scored] if x.fits]
     if not fitting:
         return scored
@@ -90,6 +93,25 @@ def mesh_search(
                 scored.append(search.evaluate(cand, "mesh schedule"))
                 best = min(best, scored[-1], key=Scored.key)
     return scored
+
+
+def _degree_descent(search: Search, scored: Sequence[Scored]) -> list[Scored]:
+    """One stage's degree changed at a time (:func:`~planner.solve.mesh_local.degree_moves`)
+    from the best plan found, first improvement, with a budget of four candidates per stage
+    (every single change): the local search tries them last and seldom reaches them on big
+    pipelines. The plan it returns where none is strictly faster is the one it started
+    from (no change); nothing without a fitting plan.
+
+    Example::
+
+        scored.extend(_degree_descent(search, scored))
+    """
+    fitting = [x for x in scored if x.fits]
+    if not fitting:
+        return []
+    best = min(fitting, key=Scored.key)
+    found = local_search(search, best, 4 * len(best.shape.stages), moves=degree_moves)
+    return [found] if found is not best else []
 
 
 def mesh_schedules(search: Search, c: PlanShape, schedules: Sequence[str]) -> list[PlanShape]:
@@ -109,15 +131,16 @@ def mesh_schedules(search: Search, c: PlanShape, schedules: Sequence[str]) -> li
     devs = [s.devices for s in c.stages]
     mb, m = c.microbatch_size, c.num_microbatches
     out: list[PlanShape] = []
+    degrees = stage_degrees(c)  # a degree per stage (a local-search move): not interleaved
     for sched in schedules:
         if sched == c.schedule:
             continue
         fam = family(sched)
         shard = [s.sharding if fam.flush else "none" for s in c.stages]
         if not fam.interleaved:
-            out.append(mesh_shape(search, ranges, devs, mesh, shard, sched, mb, m))
-            continue
-        out.extend(_chunked(search, c, mesh, sched, shard))
+            out.append(mesh_shape(search, ranges, devs, mesh, shard, sched, mb, m, degrees=degrees))
+        elif degrees is None:
+            out.extend(_chunked(search, c, mesh, sched, shard))
     return out
 
 
