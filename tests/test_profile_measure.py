@@ -82,7 +82,8 @@ def test_times_are_means_of_the_timed_runs(monkeypatch: pytest.MonkeyPatch) -> N
             assert len(samples[name]) == 4
             assert getattr(t, name) == pytest.approx(sum(samples[name]) / 4, abs=1e-4)
             low, high = t.spread[name]
-            assert min(samples[name]) <= low <= high <= max(samples[name])
+            # the quartiles, rounded to 0.1 us as every stored time
+            assert min(samples[name]) - 1e-4 <= low <= high <= max(samples[name]) + 1e-4
         assert t.forward_ms > 0 and t.backward_ms > 0
 
 
