@@ -86,7 +86,10 @@ def _plan_shape(plan: Any) -> str:
     st0 = plan.stages[0]
     reps = sorted({s.replicas for s in plan.stages})
     shape = f"{len(plan.stages)}st x {'/'.join(map(str, reps))}"
-    if st0.tensor_parallel > 1:
+    degrees = [s.tensor_parallel for s in plan.stages]
+    if len(set(degrees)) > 1:  # a degree per stage (issue #22; never with SP)
+        shape += " x TP " + "/".join(map(str, degrees))
+    elif st0.tensor_parallel > 1:
         shape += f" x TP{st0.tensor_parallel}" + (", SP" if st0.sequence_parallel else "")
     shardings = sorted({s.sharding for s in plan.stages} - {"none"})
     if shardings:
