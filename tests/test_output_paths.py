@@ -34,6 +34,8 @@ from planner.outputs import Outputs, WriteFailed, _signals_held
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = ROOT / "tests" / "data" / "nvidia-smi" / "dgx-h100.txt"
+# One timed round, no minimum time: a profile these tests write but never read the times of.
+QUICK_PROFILE = ("--repeat", "1", "--warmup", "0", "--min-time", "0", "-q")
 GRAPH = (
     "node1 -- Linear(in_features=4, out_features=4) -- forward_compute_time=1.0, "
     "backward_compute_time=2.0, activation_size=16.0, parameter_size=80.0\n"
@@ -182,19 +184,7 @@ WRITERS = (
     ),
     Writer(
         "profile",
-        (
-            "profile",
-            "{d}/mlp.py",
-            "-b",
-            "1",
-            "--repeat",
-            "1",
-            "--warmup",
-            "0",
-            "--min-time",
-            "0",
-            "-q",
-        ),
+        ("profile", "{d}/mlp.py", "-b", "1", *QUICK_PROFILE),
         ("-o",),
         ("mlp.py",),
     ),
@@ -463,19 +453,7 @@ def test_a_write_that_fails_after_its_checks_is_one_line_exit_1_and_leaves_nothi
         + "    return _build()\n"
     )
     monkeypatch.setenv("HOSTILE_REMOVES", str(out))
-    args = [
-        "profile",
-        str(model),
-        "-b",
-        "1",
-        "--repeat",
-        "1",
-        "--warmup",
-        "0",
-        "--min-time",
-        "0",
-        "-q",
-    ]
+    args = ["profile", str(model), "-b", "1", *QUICK_PROFILE]
     code, _, err = _run([*args, "-o", str(out / "p.json")], capsys)
     lines = err.strip().splitlines()
     assert code == 1, err

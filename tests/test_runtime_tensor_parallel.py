@@ -33,7 +33,7 @@ from planner.fileio import sha256_file
 from planner.plan import FileRef, Plan, Prediction, parse_stages
 from planner.profile.shard_measure import profile_with_shards
 from planner.profile.tensor_parallel import parse_tensor_parallel
-from planner.runtime import run_plan
+from planner.runtime import RunReport, run_plan
 from planner.runtime.reference import train_single_process
 from planner.schedule import build_schedule
 from planner.simulate.group_comm import collective_ms, pass_collective_ms
@@ -105,6 +105,14 @@ def run_exactly(model: Path, plan: Plan, optimizer: str, **options: object):  # 
 
 
 GROUPS = "cpu0+cpu1", "cpu2+cpu3"
+
+
+def _counted(report: RunReport) -> dict[tuple[str, int, int, str], list[tuple[str, int]]]:
+    """The collectives a run recorded, per (device, stage, microbatch, phase), in order."""
+    counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
+    for c in report.collectives:
+        counted.setdefault((c.device, c.stage, c.microbatch, c.phase), []).append((c.op, c.bytes))
+    return counted
 
 
 @pytest.mark.parametrize(
@@ -184,10 +192,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
     topology = tmp_path / "four.yaml"
     topology.write_text(TOPOLOGY)
     topo = load_topology(topology)
-    counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
-    for c in report.collectives:
-        key = (c.device, c.stage, c.microbatch, c.phase)
-        counted.setdefault(key, []).append((c.op, c.bytes))
+    counted = _counted(report)
     timings = profile.measurement(MBS).layers
     for st in plan.stages:  # stage s is layer s
         listed = timings[st.first].sharded["tp2-sp"].collectives
@@ -321,7 +326,7 @@ def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
     backward on each member of the TP2 stage issue the collectives its layers' profile
     lists, which the simulator times; the plain stage issues none."""
     profile = profile_with_shards(
-        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2"), repeat=1, warmup=0
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2"), repeat=1, warmup=0, min_time_s=0
     )
     path = tmp_path / "tiny_gpt.json"
     profile.save(path)
@@ -332,9 +337,7 @@ def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
     topology = tmp_path / "four.yaml"
     topology.write_text(TOPOLOGY)
     topo = load_topology(topology)
-    counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
-    for c in report.collectives:
-        counted.setdefault((c.device, c.stage, c.microbatch, c.phase), []).append((c.op, c.bytes))
+    counted = _counted(report)
     first = plan.stages[0]
     timings = profile.measurement(MBS).layers
     listed = [c for layer in (0, 1) for c in timings[layer].sharded["tp2"].collectives]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_simulate_fold import _shape
 
 from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.profile import TiedParameter, load_profile
@@ -27,23 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cluster(nodes: int) -> Topology:
     return topology_from_dict(cluster_dict("dgx-h100", nodes, network="fat-tree"), "<dgx>")
-
-
-def _shape(
-    groups: list[list[str]], schedule: str, m: int, *, virtual: int = 1, tp: int = 1, layers: int
-) -> PlanShape:
-    chunks = len(groups) * virtual
-    per = layers // chunks
-    stages = tuple(
-        StageSpec(
-            c,
-            (c * per, layers - 1 if c == chunks - 1 else (c + 1) * per - 1),
-            tuple(groups[c % len(groups)]),
-            tensor_parallel=tp,
-        )
-        for c in range(chunks)
-    )
-    return PlanShape(stages, schedule, 1, m, virtual)
 
 
 def _same(profile: Any, topo: Topology, shape: PlanShape) -> None:
