@@ -481,7 +481,9 @@ def synthetic_tensor_parallel(
                     entries[shard_key(t, sequence_parallel=sp)] = _shard_timing(
                         timing, t, sp, i in keep, collective_bytes
                     )
-            timings.append(dataclasses.replace(timing, sharded=entries))
+            whole = dataclasses.replace(timing, sharded=entries)
+            whole.median = dict(timing.median)  # not an init field: replace() drops it
+            timings.append(whole)
         measurements.append(dataclasses.replace(m, layers=timings))
     return dataclasses.replace(
         profile,

@@ -61,10 +61,16 @@ def test_saved_bytes_are_positive_for_layers_with_weights(skip_profile: Profile)
     )
 
 
-def test_times_are_means_of_the_timed_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each stored time is the mean of its timed runs (a slow run counts, as in a training
-    step), the spread their quartiles; the optimizer's step likewise."""
-    from planner.profile import measure
+def test_times_are_medians_in_the_file_and_means_for_the_planner(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each time is written as the median of its timed runs (the profile format), their mean
+    beside it under ``mean``, their quartiles under ``spread``; the planner reads the mean
+    (a slow run counts, as in a training step), before and after a save."""
+    import json
+    import statistics
+
+    from planner.profile import load_profile, measure
 
     seen: list[dict[str, list[float]]] = []
     real = measure._timing
@@ -75,15 +81,23 @@ def test_times_are_means_of_the_timed_runs(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(measure, "_timing", keep)
     profile = profile_model(SKIP, [1, 3], repeat=4, warmup=0, min_time_s=0)
+    profile.save(tmp_path / "p.json")
+    written = json.loads((tmp_path / "p.json").read_text())
+    read = load_profile(tmp_path / "p.json")
     timings = [t for m in profile.measurements for t in m.layers]
-    assert len(seen) == len(timings)
-    for samples, t in zip(seen, timings, strict=True):
+    files = [t for m in written["measurements"] for t in m["layers"]]
+    reads = [t for m in read.measurements for t in m.layers]
+    assert len(seen) == len(timings) == len(files)
+    for samples, t, f, r in zip(seen, timings, files, reads, strict=True):
         for name in ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"):
-            assert len(samples[name]) == 4
-            assert getattr(t, name) == pytest.approx(sum(samples[name]) / 4, abs=1e-4)
-            low, high = t.spread[name]
-            # the quartiles, rounded to 0.1 us as every stored time
-            assert min(samples[name]) - 1e-4 <= low <= high <= max(samples[name]) + 1e-4
+            runs = samples[name]
+            assert len(runs) == 4
+            assert getattr(t, name) == getattr(r, name) == f["mean"][name]
+            assert f["mean"][name] == pytest.approx(statistics.fmean(runs), abs=1e-4)
+            assert f[name] == pytest.approx(statistics.median(runs), abs=1e-4)
+            low, high = f["spread"][name]
+            # the quartiles, rounded to 0.1 us as every stored time, around the median
+            assert min(runs) - 1e-4 <= low <= f[name] <= high <= max(runs) + 1e-4
         assert t.forward_ms > 0 and t.backward_ms > 0
 
 

@@ -48,6 +48,8 @@ def test_unprofiled_microbatch_size_is_named() -> None:
         (lambda d: d["measurements"][0]["layers"][2].update(forward_ms=-1), "forward_ms"),
         (lambda d: d["measurements"][0]["layers"].pop(), "measurements[0].layers"),
         (lambda d: d.update(edges=[[2, 1]]), "edges[0]"),
+        (lambda d: d["measurements"][0]["layers"][1].update(mean={"fwd": 1.0}), "mean.fwd"),
+        (lambda d: d["measurements"][0]["layers"][1].update(mean={"forward_ms": -1}), "mean"),
     ],
 )
 def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None:  # type: ignore[no-untyped-def]
@@ -59,3 +61,31 @@ def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None
         load_profile(path)
     assert field in info.value.one_line()
     assert str(path) in info.value.one_line()
+
+
+def _measured(tmp_path: Path, edit: dict[str, float]) -> LayerTiming:
+    """Layer 0 of a file holding forward median 1.0 (quartiles 0.9-1.3) and mean 1.2,
+    its fields changed by ``edit``, as read back."""
+    data = _profile().to_dict()
+    entry = data["measurements"][0]["layers"][0]
+    entry.update(forward_ms=1.0, spread={"forward_ms": [0.9, 1.3]}, mean={"forward_ms": 1.2})
+    entry.update(edit)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    return load_profile(path).measurements[0].layers[0]
+
+
+def test_the_planner_reads_the_mean_and_the_file_keeps_the_median(tmp_path: Path) -> None:
+    t = _measured(tmp_path, {})
+    assert t.forward_ms == 1.2 and t.median == {"forward_ms": 1.0}
+    assert t.backward_ms == 2.0  # no mean: the field as written
+    written = t.to_dict()
+    assert written["forward_ms"] == 1.0 and written["mean"] == {"forward_ms": 1.2}
+
+
+def test_a_median_edited_outside_its_spread_is_used_as_written(tmp_path: Path) -> None:
+    """A measured median lies between its quartiles; one outside them was edited by hand."""
+    t = _measured(tmp_path, {"forward_ms": 5.0})
+    assert t.forward_ms == 5.0 and t.median == {}
+    assert "mean" not in t.to_dict()
+    assert _measured(tmp_path, {"forward_ms": 1.3}).forward_ms == 1.2  # at the quartile: measured

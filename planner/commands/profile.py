@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from planner.profile.schema import Profile
+    from planner.profile.schema import Measurement, Profile
 
 __all__ = [
     "default_output",
@@ -86,7 +86,7 @@ def profile_table(profile: Profile, microbatch_size: int | None = None) -> Table
         )
     table = Table(
         title=f"{profile.model} {where}, {profile.precision}, microbatch size {size} "
-        "(times in ms)"
+        + ("(times in ms, means of the timed runs)" if _has_means(m) else "(times in ms)")
         + (f", captured with {profile.settings.capture}" if profile.settings.capture else ""),
         caption=caption,
     )
@@ -548,3 +548,8 @@ def _size(n: int) -> str:
             return f"{value:.0f}{unit}" if unit == "B" or value >= 100 else f"{value:.1f}{unit}"
         value /= 1024
     return f"{n}B"  # pragma: no cover
+
+
+def _has_means(m: Measurement) -> bool:
+    """Whether the measurement's times are means beside medians (planner.profile.means)."""
+    return any(t.median for t in m.layers)

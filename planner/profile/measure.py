@@ -17,14 +17,16 @@ layer is measured in isolation on the (detached) values that cross the cut befor
   microbatch size), followed by ``zero_grad(set_to_none=False)`` -- what the runtime's
   ``STEP`` does. The weights are restored afterwards.
 
-Times are means of the timed rounds after ``warmup`` untimed ones (a run's steps add up
-every layer's runs, the machine's slow spells included, which a median would leave out);
-``spread`` keeps the quartiles. A profile times at least ``repeat`` rounds and goes on,
-round by round, until its timed rounds have lasted ``min_time_s`` (the optimizer's steps
-the same, on their own): a shared machine's speed drifts over seconds, and a profile timed
-in a fraction of a second catches one moment of it, which a run seconds later does not see
-(issue 23: six consecutive 0.2 s profiles of examples/mlp.py spread 24.2-35.2 ms; timed
-over 2.5 s, 26.6-28.8 ms). ``meta.rounds`` records how many rounds the layers got.
+Each time is the median of the timed rounds after ``warmup`` untimed ones, as the profile
+format says, with the rounds' mean beside it (``mean``), which the planner adds up (a run's
+steps add up every layer's runs, the machine's slow spells included, which a median leaves
+out: :mod:`planner.profile.means`); ``spread`` keeps the quartiles. A profile times at
+least ``repeat`` rounds and goes on, round by round, until its timed rounds have lasted
+``min_time_s`` (the optimizer's steps the same, on their own): a shared machine's speed
+drifts over seconds, and a profile timed in a fraction of a second catches one moment of
+it, which a run seconds later does not see (issue 23: six consecutive 0.2 s profiles of
+examples/mlp.py spread 24.2-35.2 ms; timed over 2.5 s, 26.6-28.8 ms). ``meta.rounds``
+records how many rounds the layers got.
 Two timing methods (``timing``, recorded in ``Profile.settings.timing``):
 
 - ``layer`` (the default on CPU): each layer measured in isolation as above, each interval
@@ -79,6 +81,7 @@ from planner.profile.batch_dependence import batch_dependent_modules
 from planner.profile.colocation import Colocation, busy_cores, check_colocate
 from planner.profile.companions import CompanionConfig, Companions
 from planner.profile.loader import UserModel, load_model_file
+from planner.profile.means import measured
 from planner.profile.pass_timing import (
     CudaClock,
     CudaMemory,
@@ -641,16 +644,20 @@ def _time_runners(
 def _timing(
     samples: dict[str, list[float]], output_bytes: int, saved: int, workspace: int
 ) -> LayerTiming:
-    return LayerTiming(
-        forward_ms=_round(statistics.fmean(samples["forward_ms"])),
-        backward_ms=_round(statistics.fmean(samples["backward_ms"])),
-        backward_input_ms=_round(statistics.fmean(samples["backward_input_ms"])),
-        backward_weight_ms=_round(statistics.fmean(samples["backward_weight_ms"])),
+    timing = LayerTiming(
+        forward_ms=0.0,
+        backward_ms=0.0,
+        backward_input_ms=0.0,
+        backward_weight_ms=0.0,
         output_bytes=output_bytes,
         saved_bytes=saved,
         workspace_bytes=workspace,
         spread={name: _quartiles(samples[name]) for name in _TIMINGS},
     )
+    medians = {name: _round(statistics.median(samples[name])) for name in _TIMINGS}
+    means = {name: _round(statistics.fmean(samples[name])) for name in _TIMINGS}
+    measured(timing, medians, means)
+    return timing
 
 
 class _Runner:

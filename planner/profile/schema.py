@@ -22,11 +22,13 @@ from planner.fileio import atomic_write_json, read_json
 from planner.limits import MAX_LAYERS, MAX_MICROBATCH_SIZE
 from planner.optimizers import check_optimizer
 from planner.precision import PRECISIONS
+from planner.profile.means import take_means, timing_fields
 from planner.profile.pass_timing import pass_ratio
 from planner.profile.settings import ProfileSettings, split_meta
 from planner.profile.sharding import (
     PARAM_KEY,
     SHARD_KEY,
+    Means,
     ShardParams,
     ShardTiming,
     Spread,
@@ -110,6 +112,11 @@ class LayerTiming:
     workspace_bytes: ByteCount = 0
     # Spread of each timing over the repeats, e.g. {"forward_ms": [p25, p75]}.
     spread: Spread = field(default_factory=dict)
+    # The file's means beside its medians (the fields, as the contract says); read in, the
+    # fields hold the means, what the planner adds up, and ``median`` the file's values
+    # (planner.profile.means).
+    mean: Means = field(default_factory=dict)
+    median: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
     # Analytic profiles: FLOPs of the forward and of the backward's two halves (None: not
     # counted, as in a measured profile).
     forward_flops: ByteCount | None = None
@@ -120,7 +127,7 @@ class LayerTiming:
     sharded: Annotated[dict[str, ShardTiming], Keys(SHARD_KEY)] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        out = pass_costs_dict(self)
+        out = timing_fields(self, pass_costs_dict(self))
         if self.spread:
             out["spread"] = self.spread
         for name in FLOP_FIELDS:
@@ -334,6 +341,11 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
     sizes = [m.microbatch_size for m in top.measurements]
     if len(set(sizes)) != len(sizes):
         raise InputError(f"microbatch sizes repeat: {sizes}", file=source, field="measurements")
+    for m in top.measurements:
+        for t in m.layers:
+            take_means(t)
+            for shard in t.sharded.values():
+                take_means(shard)
     settings, meta = split_meta(top.meta, file=source)
     return Profile(
         model=top.model,

@@ -298,7 +298,7 @@ def _check_local(outputs: Any, user: UserModel, layer: str) -> None:
 
 
 def _shard_timing(timing: LayerTiming, collectives: tuple[Collective, ...]) -> ShardTiming:
-    return ShardTiming(
+    shard = ShardTiming(
         forward_ms=timing.forward_ms,
         backward_ms=timing.backward_ms,
         backward_input_ms=timing.backward_input_ms,
@@ -309,3 +309,5 @@ def _shard_timing(timing: LayerTiming, collectives: tuple[Collective, ...]) -> S
         collectives=collectives,
         spread=dict(timing.spread),
     )
+    shard.median = dict(timing.median)
+    return shard

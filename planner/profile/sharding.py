@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from planner.limits import MAX_COLLECTIVES, MAX_TENSOR_PARALLEL
+from planner.profile.means import timing_fields
 from planner.records import (
     ByteCount,
     Default,
@@ -53,6 +54,7 @@ __all__ = [
     "Collective",
     "ShardParams",
     "ShardTiming",
+    "Means",
     "Spread",
     "TensorParallelInfo",
     "parse_shard_key",
@@ -101,6 +103,10 @@ Spread = Annotated[
     dict[str, Annotated[list[Milliseconds], Length(0, 2)]], Keys(OneOf(TIMING_NAMES))
 ]
 """Each timing's spread over the repeats: ``{"forward_ms": [p25, p75], ...}``."""
+
+Means = Annotated[dict[str, Milliseconds], Keys(OneOf(TIMING_NAMES))]
+"""Each timing's mean over the repeats, beside its median: ``{"forward_ms": 1.2871, ...}``
+(:mod:`planner.profile.means`)."""
 
 
 class _ShardKey(Kind):
@@ -207,6 +213,10 @@ class ShardTiming:
     workspace_bytes: ByteCount = 0
     collectives: Annotated[tuple[Collective, ...], Length(0, MAX_COLLECTIVES)] = ()
     spread: Spread = field(default_factory=dict)
+    # The file's means beside its medians; read in, the fields hold the means and
+    # ``median`` the file's values (planner.profile.means).
+    mean: Means = field(default_factory=dict)
+    median: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def collective_bytes(self, phase: str) -> int:
         """The whole-tensor bytes of this shard's collectives in ``phase``.
@@ -218,7 +228,7 @@ class ShardTiming:
         return sum(c.bytes for c in self.collectives if c.phase == phase)
 
     def to_dict(self) -> dict[str, Any]:
-        out = pass_costs_dict(self)
+        out = timing_fields(self, pass_costs_dict(self))
         if self.collectives:
             out["collectives"] = [c.to_dict() for c in self.collectives]
         if self.spread:

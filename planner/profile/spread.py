@@ -73,6 +73,7 @@ def quantile_profile(profile: Profile, side: Side) -> Profile:
                 t.backward_input_ms = ends["backward_input_ms"]
                 t.backward_weight_ms = ends["backward_weight_ms"]
                 t.spread = {}
+                t.median = {}
     return out
 
 

@@ -104,6 +104,9 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
                     name: [x * (rf if name == "forward_ms" else rb) for x in ends]
                     for name, ends in t.spread.items()
                 }
+                t.median = {
+                    name: x * (rf if name == "forward_ms" else rb) for name, x in t.median.items()
+                }
     note = Calibration(
         plan_schedule=plan.schedule.name,
         microbatch_size=plan.microbatch_size,

@@ -1,0 +1,89 @@
+"""A layer's times as the profile file holds them (medians) and as the planner adds them up (means).
+
+The profile format (``../shared/contract.md``) says a layer's ``forward_ms``,
+``backward_ms``, ``backward_input_ms`` and ``backward_weight_ms`` are medians over the
+timed repeats; the file keeps them so. Beside them a measured entry (a layer's timing, a
+tensor-parallel shard's) has ``mean``: the means of the same repeats, e.g.
+``{"forward_ms": 1.2871, ...}``. A run adds up every layer's runs, the machine's slow spells
+included, which a median leaves out (docs/profile.md, issue 23), so the planner computes
+with the means: read in, each field holds its mean and ``median`` keeps the file's value,
+which is written back in its place.
+
+A median outside its own spread (``spread``'s quartiles) cannot have been measured with
+it: the field was edited by hand, so it is used as written and that mean is dropped.
+Entries without ``mean`` (analytic and imported profiles, files written before it) are read
+as they are.
+
+Example::
+
+    t = LayerTiming(1.0, 2.0, 1.0, 1.0, 64, 64, spread={"forward_ms": [0.9, 1.2]})
+    t.mean = {"forward_ms": 1.1}
+    take_means(t)                     # t.forward_ms == 1.1, t.median == {"forward_ms": 1.0}
+    timing_fields(t, {"forward_ms": t.forward_ms})
+    # {"forward_ms": 1.0, "mean": {"forward_ms": 1.1}}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["Timed", "measured", "take_means", "timing_fields"]
+
+
+class Timed(Protocol):
+    """A layer's timing or a shard's: the four times, ``spread``, ``mean`` and ``median``."""
+
+    spread: dict[str, list[float]]
+    mean: dict[str, float]
+    median: dict[str, float]
+
+
+def measured(timing: Timed, medians: dict[str, float], means: dict[str, float]) -> Timed:
+    """``timing`` holding ``means`` in its fields and ``medians`` beside them, as a
+    profiler leaves a freshly measured entry.
+
+    Example::
+
+        measured(t, {"forward_ms": 1.0}, {"forward_ms": 1.1}).forward_ms   # 1.1
+    """
+    for name, value in means.items():
+        setattr(timing, name, value)
+    timing.median = dict(medians)
+    timing.mean = {}
+    return timing
+
+
+def take_means(timing: Timed) -> None:
+    """Move the ``mean`` read from a file into ``timing``'s fields, keeping the file's
+    medians in ``median`` (a median outside its spread was edited: kept, its mean dropped).
+
+    Example::
+
+        take_means(t)   # after read_record: t.forward_ms is the mean now
+    """
+    medians: dict[str, float] = {}
+    for name, mean in timing.mean.items():
+        median = float(getattr(timing, name))
+        ends = timing.spread.get(name) or []
+        if len(ends) == 2 and not min(ends) <= median <= max(ends):
+            continue  # edited by hand: the field as written
+        medians[name] = median
+        setattr(timing, name, mean)
+    timing.median = medians
+    timing.mean = {}
+
+
+def timing_fields(timing: Timed, out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` (``timing``'s fields as written) with the medians in the time fields and
+    the means, the fields' values, under ``mean``; unchanged where there are no medians.
+
+    Example::
+
+        timing_fields(t, pass_costs_dict(t))["mean"]["forward_ms"]
+    """
+    if not timing.median:
+        return out
+    out["mean"] = {name: out[name] for name in timing.median}
+    for name, median in timing.median.items():
+        out[name] = median
+    return out
