@@ -4,7 +4,8 @@ For every stage the run measured the median forward (``F``) and backward (``B``,
 ``I`` and ``W`` halves) time. The profile predicts them as the sum of the stage's layers
 (plus one forward in the backward of a recompute stage). Each layer of the stage is
 scaled by the stage's measured / predicted ratio - forward and backward separately - in
-every measurement of the profile, so solving again with the calibrated profile plans with
+every measurement of the profile (a tensor-parallel stage's shard entries too: it is timed
+from them), so solving again with the calibrated profile plans with
 what the hardware really did (including the runtime's own per-action overhead). Each
 timing's spread is scaled with it, so plans from the calibrated profile keep a band.
 
@@ -95,18 +96,11 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
         rf, rb = ratios[stage.id]
         for measurement in out.measurements:
             for t in measurement.layers[stage.first : stage.last + 1]:
-                t.forward_ms *= rf
-                t.backward_ms *= rb
-                t.backward_input_ms *= rb
-                t.backward_weight_ms *= rb
-                # The spread scales with its timing, so the calibrated profile keeps a band.
-                t.spread = {
-                    name: [x * (rf if name == "forward_ms" else rb) for x in ends]
-                    for name, ends in t.spread.items()
-                }
-                t.median = {
-                    name: x * (rf if name == "forward_ms" else rb) for name, x in t.median.items()
-                }
+                # The whole layer and its tensor-parallel shards alike: a TP stage is
+                # simulated from its shard's entry, another plan may use the layer whole.
+                _scale(t, rf, rb)
+                for shard in t.sharded.values():
+                    _scale(shard, rf, rb)
     note = Calibration(
         plan_schedule=plan.schedule.name,
         microbatch_size=plan.microbatch_size,
@@ -118,3 +112,17 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
     )
     out.settings = dataclasses.replace(out.settings, calibrated=note)
     return out
+
+
+def _scale(t: LayerTiming | ShardTiming, rf: float, rb: float) -> None:
+    """``t``'s forward times by ``rf`` and backward ones by ``rb``, with their spread (so
+    plans from the calibrated profile keep a band) and the file's medians."""
+    t.forward_ms *= rf
+    t.backward_ms *= rb
+    t.backward_input_ms *= rb
+    t.backward_weight_ms *= rb
+    t.spread = {
+        name: [x * (rf if name == "forward_ms" else rb) for x in ends]
+        for name, ends in t.spread.items()
+    }
+    t.median = {name: x * (rf if name == "forward_ms" else rb) for name, x in t.median.items()}
