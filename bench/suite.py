@@ -561,6 +561,12 @@ def replace_generated(document: str, generated: str) -> str:
         replace_generated("# Benchmarks\\n\\nhand-written\\n", "table\\n")
     """
     block = f"{BEGIN}\n{generated.rstrip()}\n{END}\n"
+    if document.count(BEGIN) > 1 or document.count(END) > 1:
+        # Replacing the first pair would keep a stale copy of the report below it.
+        raise ValueError(
+            f"docs has {document.count(BEGIN)} begin and {document.count(END)} end "
+            "generated-report markers; keep one pair"
+        )
     begin, end = document.find(BEGIN), document.find(END)
     if begin != -1 and end != -1 and end > begin:
         tail = document[end + len(END) :]

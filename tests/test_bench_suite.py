@@ -45,6 +45,17 @@ def test_one_marker_alone_is_an_error() -> None:
         replace_generated(f"# B\n{BEGIN}\nx\n", "y")
 
 
+def test_a_second_end_marker_is_an_error_not_a_kept_stale_copy() -> None:
+    doc = f"# B\n{BEGIN}\nold\n{END}\nhand\nold tail\n{END}\nhand again\n"
+    with pytest.raises(ValueError, match="1 begin and 2 end"):
+        replace_generated(doc, "new\n")
+
+
+def test_the_committed_report_has_one_pair_of_markers() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    assert doc.count(BEGIN) == doc.count(END) == 1
+
+
 def _registry(tmp_path: Path) -> list[Benchmark]:
     (tmp_path / "good.py").write_text(GOOD)
     (tmp_path / "bad.py").write_text(BAD)
