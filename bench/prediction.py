@@ -58,6 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planner.profile.measure import MIN_TIME_S  # noqa: E402
+
 CPU2 = (ROOT / "topologies" / "cpu.yaml").read_text()
 """The topology the plans are solved and run on: ``topologies/cpu.yaml`` itself (two
 processes, one per core; its ``message_overhead`` included), as ``pipeplan demo`` uses it."""
@@ -73,6 +75,12 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "2bw")
 MICROBATCHES = 8
 PROCESSES = 2
 DEMO_RUNS = 5
+# The examples' profiles are timed as `pipeplan profile` times by default (--min-time 2 s).
+# Longer profiles vary less (sums of examples/hf_llama.py's layer times at microbatch 4,
+# co-located, three of each: +-5% over 2 s, +-1.6% over 8 s) but did not predict better:
+# one run with --min-time 8 (2026-11-28 07:51 UTC) had median error 7.9%, worst 15%, the
+# mlp, cnn and gpt rows all 0.85-0.97 (profiled first), demo x5 0.906-0.947.
+PROFILE_MIN_TIME_S = MIN_TIME_S
 
 
 def available_models(names: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -88,15 +96,17 @@ def available_models(names: list[str]) -> tuple[list[str], list[dict[str, Any]]]
     return keep, skipped
 
 
-def profile_example(name: str, tmp: Path, colocate: int, timing: str | None = None) -> Path:
-    """A fresh profile of the example, as ``pipeplan profile --colocate [--timing]`` writes
-    it (``timing`` None: the device's default)."""
+def profile_example(
+    name: str, tmp: Path, colocate: int, timing: str | None = None, min_time_s: float = 2.0
+) -> Path:
+    """A fresh profile of the example, as ``pipeplan profile --colocate --min-time
+    [--timing]`` writes it (``timing`` None: the device's default)."""
     from planner.profile.measure import profile_model
 
     out = tmp / f"{name}.json"
     sizes = SIZES.get(name, [1, 2, 4])
     path = ROOT / "examples" / f"{name}.py"
-    profile_model(path, sizes, colocate=colocate, timing=timing).save(out)
+    profile_model(path, sizes, colocate=colocate, timing=timing, min_time_s=min_time_s).save(out)
     return out
 
 
@@ -125,7 +135,7 @@ def _best_pipeline(profile: Any, topo: Any, schedule: str, mbs: int) -> tuple[An
 
 
 def make_plans(
-    name: str, tmp: Path, colocate: int, timing: str | None = None
+    name: str, tmp: Path, colocate: int, timing: str | None = None, min_time_s: float = 2.0
 ) -> list[tuple[str, Path]]:
     """The example's plans (``solved`` and one per schedule), saved with their bands."""
     from planner.plan import FileRef, plan_from_simulation
@@ -134,7 +144,7 @@ def make_plans(
     from planner.solve import solve
     from planner.topology import load_topology
 
-    profile_path = profile_example(name, tmp, colocate, timing)
+    profile_path = profile_example(name, tmp, colocate, timing, min_time_s)
     topo_path = tmp / "cpu2.yaml"
     topo_path.write_text(CPU2)
     profile, topo = load_profile(profile_path), load_topology(topo_path)
@@ -253,11 +263,18 @@ def main() -> None:
     ap.add_argument("--no-demo", action="store_true", help="leave out the demo x5 row")
     ap.add_argument("--alone", action="store_true", help="profile by one process alone")
     ap.add_argument("--timing", default=None, help="profile --timing (default: the CPU's, layer)")
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=PROFILE_MIN_TIME_S,
+        help=f"profile --min-time of the examples' profiles (default {PROFILE_MIN_TIME_S:g})",
+    )
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
     ap.add_argument("--quick", action="store_true", help="mlp: solved and 1f1b, 1 round, 1 demo")
     args = ap.parse_args()
     if args.quick:
         args.models, args.steps, args.rounds, args.demo_runs = "mlp", 3, 1, 1
+        args.min_time = min(args.min_time, 2.0)
     load_before = os.getloadavg()[0]
     models, rows = available_models(args.models.split(","))
     colocate = 1 if args.alone else PROCESSES
@@ -265,7 +282,7 @@ def main() -> None:
         plans = [
             (name, kind, path)
             for name in models
-            for kind, path in make_plans(name, Path(tmp), colocate, args.timing)
+            for kind, path in make_plans(name, Path(tmp), colocate, args.timing, args.min_time)
             if not args.quick or kind in ("solved", "1f1b")
         ]
         runs: list[list[dict[str, float]]] = [[] for _ in plans]
@@ -298,7 +315,8 @@ def main() -> None:
         "benchmark": "prediction",
         "note": (
             f"Profiles {'by one process alone' if args.alone else 'co-located (2 processes)'}"
-            f" (--timing {args.timing or 'layer'}), 2 CPU processes x 1 thread, "
+            f" (--timing {args.timing or 'layer'}, --min-time {args.min_time:g}), "
+            "2 CPU processes x 1 thread, "
             f"{MICROBATCHES} microbatches, {args.steps} steps after 2 warm-up, "
             f"{args.rounds} rounds; ratio = median measured / predicted."
         ),
