@@ -87,10 +87,11 @@ def _plan_shape(plan: Any) -> str:
     reps = sorted({s.replicas for s in plan.stages})
     shape = f"{len(plan.stages)}st x {'/'.join(map(str, reps))}"
     degrees = [s.tensor_parallel for s in plan.stages]
-    if len(set(degrees)) > 1:  # a degree per stage (issue #22; never with SP)
-        shape += " x TP " + "/".join(map(str, degrees))
+    sp = ", SP" if any(s.sequence_parallel for s in plan.stages) else ""
+    if len(set(degrees)) > 1:  # a degree per stage (issue #22)
+        shape += " x TP " + "/".join(map(str, degrees)) + sp
     elif st0.tensor_parallel > 1:
-        shape += f" x TP{st0.tensor_parallel}" + (", SP" if st0.sequence_parallel else "")
+        shape += f" x TP{st0.tensor_parallel}" + sp
     shardings = sorted({s.sharding for s in plan.stages} - {"none"})
     if shardings:
         shape += ", " + "/".join(shardings)

@@ -272,13 +272,16 @@ def describe_plan(plan: Plan) -> str:
     st0 = stages[0]
     depth = len({st.devices for st in stages})
     virtual = len(stages) // depth
-    text = f"PP{depth} x DP{st0.replicas} x TP{st0.tensor_parallel}"
-    degrees = [st.tensor_parallel for st in stages]
-    if len(set(degrees)) > 1:  # a degree per stage (issue #22): the runs of equal degrees
-        runs = [(t, len(list(g))) for t, g in itertools.groupby(degrees)]
-        text += " (TP per stage " + ", ".join(f"{t}" + (f"x{n}" if n > 1 else "") for t, n in runs)
+    shapes = [(st.replicas, st.tensor_parallel) for st in stages]
+    if len(set(shapes)) == 1:
+        text = f"PP{depth} x DP{st0.replicas} x TP{st0.tensor_parallel}"
+    else:  # a degree per stage (issue #22): each run of equal stages' DP x TP, and its length
+        runs = [(shape, len(list(g))) for shape, g in itertools.groupby(shapes)]
+        text = f"PP{depth} x (" + ", ".join(
+            f"DP{r} x TP{t}" + (f" x{n} stages" if n > 1 else "") for (r, t), n in runs
+        )
         text += ")"
-    if st0.sequence_parallel:
+    if any(st.sequence_parallel for st in stages):
         text += ", SP"
     shardings = sorted({st.sharding for st in stages} - {"none"})
     if shardings:
