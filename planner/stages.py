@@ -39,6 +39,7 @@ __all__ = [
     "StageSpec",
     "Piece",
     "as_stages",
+    "boundary_pairs",
     "boundary_peers",
     "boundary_pieces",
     "parse_stages",
@@ -607,6 +608,22 @@ def boundary_pieces(
             if max(a, lo) < min(b, hi):
                 out.append(Piece(s, r, max(a, lo), min(b, hi), max(a, lo) == lo))
     return out
+
+
+def boundary_pairs(
+    senders: Sequence[str], receivers: Sequence[str], *, split: tuple[bool, bool]
+) -> list[tuple[str, str]]:
+    """The ``(sender, receiver)`` transfers of a boundary, per receiver in order:
+    :func:`boundary_peers` where the two sides lay the values out alike or neither splits
+    them, :func:`boundary_pieces`' otherwise.
+
+    Example::
+
+        boundary_pairs(("a", "b"), ("c",), split=(True, False))   # [('a', 'c'), ('b', 'c')]
+    """
+    if split[0] == split[1] and (not split[0] or len(senders) == len(receivers)):
+        return boundary_peers(senders, receivers)
+    return [(p.sender, p.receiver) for p in boundary_pieces(senders, receivers, split=split)]
 
 
 def _held(place: int, size: int, split: bool) -> tuple[Fraction, Fraction]:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from planner.errors import InputError
 from planner.schedule.action import SENDS, Action
-from planner.stages import StageSpec, boundary_peers, boundary_pieces
+from planner.stages import StageSpec, boundary_pairs
 
 __all__ = ["group_of_leader", "is_grouped", "leader_stages", "mirror", "unmirror"]
 
@@ -101,9 +101,8 @@ def mirror(
 
 
 class _Peers:
-    """Who a member sends to and receives from across a boundary, cached per pair of
-    groups: :func:`~planner.stages.boundary_peers` where neither side splits the sequence
-    or both split it alike, :func:`~planner.stages.boundary_pieces` otherwise."""
+    """Who a member sends to and receives from across a boundary
+    (:func:`~planner.stages.boundary_pairs`), cached per pair of groups."""
 
     def __init__(self, groups: Mapping[str, tuple[str, ...]], split: set[str]):
         self.groups = groups
@@ -119,11 +118,7 @@ class _Peers:
         hit = self.found.get(key)
         if hit is None:
             split = (senders[0] in self.split, receivers[0] in self.split)
-            if split[0] == split[1] and (not split[0] or len(senders) == len(receivers)):
-                hit = boundary_peers(senders, receivers)
-            else:
-                pieces = boundary_pieces(senders, receivers, split=split)
-                hit = [(p.sender, p.receiver) for p in pieces]
+            hit = boundary_pairs(senders, receivers, split=split)
             self.found[key] = hit
         return hit
 

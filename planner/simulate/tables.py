@@ -48,6 +48,7 @@ from planner.simulate.group_comm import (
     replica_sync_ms,
 )
 from planner.simulate.program import ALLREDUCE, GATHER, SLOTS, STEP, devices_of
+from planner.simulate.reshard import Groups, plan_reshard
 from planner.simulate.shards import (
     FORGOTTEN,
     gathered_bytes,
@@ -55,7 +56,7 @@ from planner.simulate.shards import (
     shard_view,
     step_workspace_bytes,
 )
-from planner.stages import StageSpec
+from planner.stages import StageSpec, boundary_pairs
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -236,17 +237,41 @@ def _mixed_overheads(
 ) -> tuple[float, float]:
     """A group's message overheads per ``F`` and per ``B``/``I`` next to a stage of another
     degree: member ``i`` receives one message per input and sends one to each member of
-    the peer group it serves (:func:`~planner.stages.boundary_peers`), so members differ;
-    the group pays its slowest member's."""
-    t = len(group)
-    prev = stages[si - 1].tensor_parallel if before else 0
-    nxt = stages[si + 1].tensor_parallel if after else 0
+    the peer group it serves (:func:`~planner.stages.boundary_peers`), or where sequence
+    parallelism reshards the values (:func:`~planner.stages.boundary_pieces`) one per
+    piece it receives or sends, so members differ; the group pays its slowest member's."""
+    prev = _peer_group(stages, si - 1) if before else ()
+    nxt = _peer_group(stages, si + 1) if after else ()
+    split = stages[si].sequence_parallel
+    flags = {n: stages[n].sequence_parallel for n in (si - 1, si + 1) if 0 <= n < len(stages)}
+
+    def count(
+        senders: tuple[str, ...],
+        receivers: tuple[str, ...],
+        ends: tuple[bool, bool],
+        me: str,
+        side: int,
+    ) -> int:
+        if not senders or not receivers:
+            return 0
+        return sum(1 for pair in boundary_pairs(senders, receivers, split=ends) if pair[side] == me)
+
     forward = backward = 0.0
-    for place, dev in enumerate(group):
+    for dev in group:
         cost = topology.device(dev).message_overhead_ms
-        forward = max(forward, cost * (int(before) + len(range(place, nxt, t))))
-        backward = max(backward, cost * (int(after) + len(range(place, prev, t))))
+        ends_prev = (flags.get(si - 1, False), split)
+        ends_next = (split, flags.get(si + 1, False))
+        f = count(prev, group, ends_prev, dev, 1) + count(group, nxt, ends_next, dev, 0)
+        b = count(nxt, group, ends_next[::-1], dev, 1) + count(group, prev, ends_prev[::-1], dev, 0)
+        forward = max(forward, cost * f)
+        backward = max(backward, cost * b)
     return forward, backward
+
+
+def _peer_group(stages: Sequence[StageSpec], n: int) -> tuple[str, ...]:
+    """The first replica group of stage ``n`` (groups of one stage have one size)."""
+    st = stages[n]
+    return tuple(st.devices[: st.tensor_parallel])
 
 
 def _group_times(
@@ -598,7 +623,8 @@ def stage_tables(
     replicas = [st.replicas for st in stages]
     tables = StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
     if grouped:
-        tables.groups = group_of_leader(stages)
+        tables.groups = Groups(group_of_leader(stages))
+        tables.groups.reshard = plan_reshard(profile, stages, microbatch_size)
         tables.reference = _group_reference(profile, stages, devices, microbatch_size)
     tables.gathering = gathering
     return tables
