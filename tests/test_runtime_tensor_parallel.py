@@ -42,6 +42,7 @@ from planner.topology import load_topology
 
 MODELS = Path(__file__).parent / "models"
 GPT, LLAMA = MODELS / "tiny_gpt.py", MODELS / "tiny_llama.py"
+WIDE = MODELS / "tiny_gpt_wide.py"  # 4 heads: degree 4
 MBS, M, STEPS = 2, 4, 2
 
 
@@ -315,6 +316,26 @@ def test_stages_of_different_degrees_run_equal_one_process(model: Path, stages: 
     one sender (member ``j mod t``), one sender may serve several receivers."""
     plan = parallel_plan(stages, "1f1b")
     assert len({st.tensor_parallel for st in plan.stages}) == 2
+    report = run_exactly(model, plan, "momentum")
+    assert report.world_size == len({d for st in plan.stages for d in st.devices})
+
+
+@pytest.mark.parametrize(
+    ("model", "stages"),
+    [
+        pytest.param(GPT, "0-1:cpu0+cpu1;2-3:cpu2", id="gpt-tp2sp-to-tp1"),
+        pytest.param(LLAMA, "0-2:cpu0;3-4:cpu1+cpu2", id="llama-tp1-to-tp2sp"),
+        pytest.param(WIDE, "0-1:cpu0+cpu1;2-3:cpu2+cpu3+cpu4+cpu5", id="gpt-tp2sp-to-tp4sp"),
+    ],
+)
+def test_sequence_parallel_stages_of_different_degrees_run_equal_one_process(
+    model: Path, stages: str
+) -> None:
+    """Sequence parallelism next to another degree: each member receives the sequence
+    range it needs from the members holding it (the values split along the sequence
+    joined, the others whole from one), and the gradients go back the same way."""
+    plan = parallel_plan(stages, "1f1b", sequence_parallel=True)
+    assert any(st.sequence_parallel for st in plan.stages)
     report = run_exactly(model, plan, "momentum")
     assert report.world_size == len({d for st in plan.stages for d in st.devices})
 
