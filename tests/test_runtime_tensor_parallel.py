@@ -108,10 +108,23 @@ def run_exactly(model: Path, plan: Plan, optimizer: str, **options: object):  # 
 GROUPS = "cpu0+cpu1", "cpu2+cpu3"
 
 
+def _collectives(report: RunReport) -> list[object]:
+    """The collectives a run recorded (not its messages to other stages)."""
+    return [c for c in report.collectives if not c.peer]
+
+
+def _sent(report: RunReport) -> dict[tuple[str, str, str, int], int]:
+    """The bytes of each message a run sent to another stage's device, per (device, peer,
+    kind, microbatch)."""
+    return {(c.device, c.peer, c.kind, c.microbatch): c.bytes for c in report.collectives if c.peer}
+
+
 def _counted(report: RunReport) -> dict[tuple[str, int, int, str], list[tuple[str, int]]]:
     """The collectives a run recorded, per (device, stage, microbatch, phase), in order."""
     counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
     for c in report.collectives:
+        if c.peer:  # a message to another stage (_sent)
+            continue
         counted.setdefault((c.device, c.stage, c.microbatch, c.phase), []).append((c.op, c.bytes))
     return counted
 
@@ -210,7 +223,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
         }
         assert forward_ms == pytest.approx(run_ms["forward"]) and forward_ms + backward_ms > 0
         assert backward_ms == pytest.approx(run_ms["backward"])
-    assert sum(len(v) for v in counted.values()) == len(report.collectives) > 0
+    assert sum(len(v) for v in counted.values()) == len(_collectives(report)) > 0
 
 
 def _refused(plan: Plan | Path, match: str, model: Path = GPT, **options: object) -> InputError:
@@ -375,4 +388,48 @@ def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
         for phase in ("forward", "backward")
     ]
     assert sim_ms == pytest.approx(tuple(run_ms)) and sum(run_ms) > 0
-    assert sum(len(v) for v in counted.values()) == len(report.collectives)
+    assert sum(len(v) for v in counted.values()) == len(_collectives(report))
+
+
+def test_a_tp2_sp_stage_before_a_plain_one_counts_the_simulators_collectives_and_pieces(
+    tmp_path: Path,
+) -> None:
+    """GPT at TP2+SP -> TP1, 1F1B (3 processes): exact; each member of the TP2 stage issues
+    the collectives its layers' tp2-sp profile lists, which the simulator times; and every
+    message crossing the cut is one of the simulator's pieces with its bytes (each member
+    sends its half of the sequence, the first also the positions; the plain stage sends
+    each member its half's gradient)."""
+    from planner.simulate.reshard import piece_bytes, split_parts
+
+    profile = profile_with_shards(
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
+        repeat=1, warmup=0, min_time_s=0,
+    )  # fmt: skip
+    path = tmp_path / "tiny_gpt.json"
+    profile.save(path)
+    ref = FileRef(str(path), sha256_file(path))
+    plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2", "1f1b", sequence_parallel=True, profile=ref)
+    report = run_exactly(GPT, plan, "momentum", count_collectives=True)
+    counted = _counted(report)
+    first, second = plan.stages
+    timings = profile.measurement(MBS).layers
+    listed = [c for layer in (0, 1) for c in timings[layer].sharded["tp2-sp"].collectives]
+    for phase in ("forward", "backward"):  # the backward runs the layers in reverse
+        want = sorted((c.op, c.bytes) for c in listed if c.phase == phase)
+        for dev in first.devices:
+            for k in range(M):
+                assert sorted(counted.get((dev, 0, k, phase), [])) == want, (dev, k, phase)
+    assert not any(dev == "cpu2" for dev, *_ in counted)
+    parts = split_parts(profile, first, second, MBS)
+    forward = piece_bytes(first.devices, second.devices, (True, False), parts)
+    # The gradients: of the split hidden states alone (the whole value beside them, the
+    # positions, is an integer tensor), where the simulator charges the cut's bytes both
+    # ways (as for every boundary, planner.cost.boundary_bytes).
+    backward = piece_bytes(second.devices, first.devices, (False, True), (parts[0], 0))
+    assert parts[1] > 0 and piece_bytes(second.devices, first.devices, (False, True), parts)
+    want_sent = {
+        **{(a, b, "SEND_F", k): n for a, b, n in forward for k in range(M)},
+        **{(a, b, "SEND_B", k): n for a, b, n in backward for k in range(M)},
+    }
+    assert _sent(report) == want_sent
+    assert sum(n for *_, n in forward) == profile.cut_bytes(MBS, 1) > 0

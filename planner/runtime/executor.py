@@ -305,6 +305,9 @@ class ProcessExecutor:
                     with self._stream(dev):  # NCCL orders the send after this stream's work
                         tensors = self.outbox.pop((message_key(a), a.peer))
                         self.p2p.send(message_key(a), dst, tensors)
+                    if self.counter is not None:
+                        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+                        self.counter.sent(dev, kind.value, a.stage, a.microbatch, a.peer, nbytes)
             elif kind in (_T.RECV_ACT, _T.RECV_GRAD):
                 yield from self._receive(dev, a)
             elif kind is _T.ALLREDUCE:

@@ -82,8 +82,8 @@ def mesh_stages(
 ) -> tuple[StageSpec, ...]:
     """The stages: layer range ``k`` on ``stage_devices[k]`` (replica-major groups of
     ``mesh.degree``, or of ``degrees[k]``: a degree per stage, sequence parallel where
-    the mesh is and the stage's degree is 2 or more), ``sharding`` (one for all, or per stage) where a stage has two or more
-    replicas.
+    the mesh is and the stage's degree is 2 or more), ``sharding`` (one for all, or per
+    stage) where a stage has two or more replicas.
 
     Example::
 
