@@ -278,7 +278,7 @@ def describe_plan(plan: Plan) -> str:
         runs = [(t, len(list(g))) for t, g in itertools.groupby(degrees)]
         text += " (TP per stage " + ", ".join(f"{t}" + (f"x{n}" if n > 1 else "") for t, n in runs)
         text += ")"
-    if st0.sequence_parallel:
+    if any(st.sequence_parallel for st in stages):  # a stage of degree 1 has none
         text += ", SP"
     shardings = sorted({st.sharding for st in stages} - {"none"})
     if shardings:
