@@ -240,32 +240,29 @@ def _mixed_overheads(
     the peer group it serves (:func:`~planner.stages.boundary_peers`), or where sequence
     parallelism reshards the values (:func:`~planner.stages.boundary_pieces`) one per
     piece it receives or sends, so members differ; the group pays its slowest member's."""
-    prev = _peer_group(stages, si - 1) if before else ()
-    nxt = _peer_group(stages, si + 1) if after else ()
-    split = stages[si].sequence_parallel
-    flags = {n: stages[n].sequence_parallel for n in (si - 1, si + 1) if 0 <= n < len(stages)}
-
-    def count(
-        senders: tuple[str, ...],
-        receivers: tuple[str, ...],
-        ends: tuple[bool, bool],
-        me: str,
-        side: int,
-    ) -> int:
-        if not senders or not receivers:
-            return 0
-        return sum(1 for pair in boundary_pairs(senders, receivers, split=ends) if pair[side] == me)
-
+    sp = stages[si].sequence_parallel
+    prev = (_peer_group(stages, si - 1), stages[si - 1].sequence_parallel) if before else None
+    nxt = (_peer_group(stages, si + 1), stages[si + 1].sequence_parallel) if after else None
     forward = backward = 0.0
     for dev in group:
         cost = topology.device(dev).message_overhead_ms
-        ends_prev = (flags.get(si - 1, False), split)
-        ends_next = (split, flags.get(si + 1, False))
-        f = count(prev, group, ends_prev, dev, 1) + count(group, nxt, ends_next, dev, 0)
-        b = count(nxt, group, ends_next[::-1], dev, 1) + count(group, prev, ends_prev[::-1], dev, 0)
+        f = _messages(prev, (group, sp), dev, 1) + _messages((group, sp), nxt, dev, 0)
+        b = _messages(nxt, (group, sp), dev, 1) + _messages((group, sp), prev, dev, 0)
         forward = max(forward, cost * f)
         backward = max(backward, cost * b)
     return forward, backward
+
+
+_Side = tuple[tuple[str, ...], bool]  # a group and whether it splits the sequence
+
+
+def _messages(senders: _Side | None, receivers: _Side | None, dev: str, side: int) -> int:
+    """How many of a boundary's transfers ``dev`` takes part in as sender (``side`` 0) or
+    receiver (1); none where there is no such neighbour."""
+    if senders is None or receivers is None:
+        return 0
+    pairs = boundary_pairs(senders[0], receivers[0], split=(senders[1], receivers[1]))
+    return sum(1 for pair in pairs if pair[side] == dev)
 
 
 def _peer_group(stages: Sequence[StageSpec], n: int) -> tuple[str, ...]:
