@@ -433,3 +433,32 @@ def test_a_tp2_sp_stage_before_a_plain_one_counts_the_simulators_collectives_and
     }
     assert _sent(report) == want_sent
     assert sum(n for *_, n in forward) == profile.cut_bytes(MBS, 1) > 0
+
+
+def test_resharded_pieces_join_to_the_whole_and_an_odd_sequence_is_refused() -> None:
+    """Without launching: TP2+SP -> TP4+SP pieces of a [b, 8, h] hidden state (split) and
+    a [1, 8] position tensor (whole) join to each receiver's quarter and the whole
+    positions; the messages' shapes are learned per peer rank; a sequence of 6 does not
+    divide into quarters: one line naming both stages and the length."""
+    from planner.runtime.placement import Placement
+    from planner.runtime.reshard import Reshard
+
+    stages = with_parallelism(parse_stages("0:a+b;1:c+d+e+f"), sequence_parallel=True)
+    devices = [d for st in stages for d in st.devices]
+    placement = Placement(devices, {d: i for i, d in enumerate(devices)}, len(devices), "cpu")
+    whole = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3)
+    positions = torch.arange(8).reshape(1, 8)
+    handed = [(whole[:, :4], positions, None), (whole[:, 4:], positions, None)]
+    reshard = Reshard(stages, placement, rank=2)  # device c
+    reshard.learn(1, handed, (True, False, False))
+    assert reshard.received(1, handed, 0)[0].equal(whole[:, :2])
+    assert reshard.received(1, handed, 3)[0].equal(whole[:, 6:])
+    assert reshard.received(1, handed, 3)[1].equal(positions)
+    assert [s.shape for s in reshard.specs[("F", 1, 0)]] == [(2, 2, 3), (1, 8)]
+    assert [s.shape for s in reshard.specs[("B", 0, 0)]] == [(2, 2, 3)]
+    assert ("F", 1, 1) not in reshard.specs  # b serves e and f
+    odd = [(whole[:, :3], positions), (whole[:, 3:6], positions)]
+    with pytest.raises(InputError, match="sequence length 6 does not divide") as info:
+        Reshard(stages, placement, rank=2).learn(1, odd, (True, False))
+    assert "stage 0 (" in str(info.value) and "stage 1 (" in str(info.value)
+    assert "\n" not in info.value.one_line()

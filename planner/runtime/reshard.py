@@ -89,15 +89,25 @@ class Reshard:
         """
         return 0 < c < len(self.stages) and reshards(self.stages[c - 1], self.stages[c])
 
-    def any(self) -> bool:
-        """Whether any cut of the plan is resharded."""
+    def any_cut(self) -> bool:
+        """Whether any cut of the plan is resharded.
+
+        Example::
+
+            Reshard(plan.stages, placement, 0).any_cut()   # False without SP
+        """
         return any(self.resharded(c) for c in range(1, len(self.stages)))
 
     def pieces(
         self, kind: str, c: int, senders: Sequence[str], receivers: Sequence[str]
     ) -> list[Piece]:
         """The pieces between two groups at cut ``c``: ``kind`` ``"F"`` (``senders`` of
-        stage ``c - 1``) or ``"B"`` (gradients: ``senders`` of stage ``c``)."""
+        stage ``c - 1``) or ``"B"`` (gradients: ``senders`` of stage ``c``).
+
+        Example::
+
+            reshard.pieces("F", 1, ("cpu0", "cpu1"), ("cpu2",))   # a half from each
+        """
         before, after = self.stages[c - 1].sequence_parallel, self.stages[c].sequence_parallel
         split = (before, after) if kind == "F" else (after, before)
         return boundary_pieces(senders, receivers, split=split)

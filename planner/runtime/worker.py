@@ -627,7 +627,7 @@ def _reshard(plan: Plan, placement: Placement, rank: int, user: Any, model: Any)
     from planner.runtime.reshard import Reshard, sequence_dim
 
     reshard = Reshard(plan.stages, placement, rank)
-    if not reshard.any():
+    if not reshard.any_cut():
         return None
     styles = tensor_parallel_plan(user, model, sequence_parallel=True).styles
     reshard.dim = sequence_dim(styles)
