@@ -13,7 +13,8 @@ collective count), sequence parallelism on and off, recompute (its forward's col
 again), plain data parallelism, ZeRO-1 and FSDP (with the tensor-parallel mesh: FSDP2 over
 the stage's ``dp`` slice), and neighbouring stages of different degrees (TP1 -> TP2 with
 and without replicas, TP2 -> TP1: 3 or 4 processes; with sequence parallelism, resharded
-along the sequence: TP2+SP -> TP1 for both, Llama TP1 -> TP2+SP, a 4-head GPT TP2+SP ->
+along the sequence: TP2+SP -> TP1 for both (GPT with replicas too), Llama TP1 -> TP2+SP, a
+4-head GPT TP2+SP ->
 TP4+SP: 3 to 6 processes). The collectives a run's forwards
 and backwards issue must be the ones the plan's profile lists per layer and the simulator
 times per microbatch. Runs that cannot be exact are refused with one line before any process starts.
@@ -339,6 +340,7 @@ def test_stages_of_different_degrees_run_equal_one_process(model: Path, stages: 
     ("model", "stages"),
     [
         pytest.param(GPT, "0-1:cpu0+cpu1;2-3:cpu2", id="gpt-tp2sp-to-tp1"),
+        pytest.param(GPT, "0-1:cpu0+cpu1,cpu2+cpu3;2-3:cpu4,cpu5", id="gpt-tp2sp-dp2-to-tp1-dp2"),
         pytest.param(LLAMA, "0-2:cpu0;3-4:cpu1+cpu2", id="llama-tp1-to-tp2sp"),
         # The cut after layers.0 carries the mask, positions and rotary tables whole beside
         # the split hidden states: from the first member only.
