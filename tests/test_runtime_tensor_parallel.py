@@ -14,9 +14,8 @@ again), plain data parallelism, ZeRO-1 and FSDP (with the tensor-parallel mesh: 
 the stage's ``dp`` slice), and neighbouring stages of different degrees (TP1 -> TP2 with
 and without replicas, TP2 -> TP1: 3 or 4 processes; with sequence parallelism, resharded
 along the sequence: TP2+SP -> TP1 for both (GPT with replicas too), Llama TP1 -> TP2+SP, a
-4-head GPT TP2+SP ->
-TP4+SP: 3 to 6 processes). The collectives a run's forwards
-and backwards issue must be the ones the plan's profile lists per layer and the simulator
+4-head GPT TP2+SP -> TP4+SP: 3 to 6 processes). The collectives a run's forwards and
+backwards issue must be the ones the plan's profile lists per layer and the simulator
 times per microbatch. Runs that cannot be exact are refused with one line before any process starts.
 """
 
