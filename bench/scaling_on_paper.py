@@ -281,7 +281,7 @@ def describe_plan(plan: Plan) -> str:
             f"DP{r} x TP{t}" + (f" x{n} stages" if n > 1 else "") for (r, t), n in runs
         )
         text += ")"
-    if any(st.sequence_parallel for st in stages):
+    if any(st.sequence_parallel for st in stages):  # a stage of degree 1 has none
         text += ", SP"
     shardings = sorted({st.sharding for st in stages} - {"none"})
     if shardings:

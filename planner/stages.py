@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -36,9 +37,13 @@ __all__ = [
     "SHARDINGS",
     "STAGE_FIELDS",
     "StageSpec",
+    "Piece",
     "as_stages",
+    "boundary_pairs",
     "boundary_peers",
+    "boundary_pieces",
     "parse_stages",
+    "reshards",
     "stages_from_data",
     "validate_stages",
     "with_parallelism",
@@ -438,9 +443,10 @@ def validate_stages(
     topology every device must be one of its devices. A device may appear in several
     stages only with ``allow_shared_devices`` (interleaved schedules place ``v`` stages on
     each device), and then in the same tensor-parallel group in each. Neighbouring stages
-    have the same sequence parallelism; their tensor-parallel degrees may differ only where
-    neither uses it (the values crossing are then replicated over each group; who sends to
-    whom: :func:`boundary_peers`); sequence parallelism needs groups, sharding replicas.
+    may differ in tensor-parallel degree (who sends what to whom: :func:`boundary_peers`,
+    or :func:`boundary_pieces` with sequence parallelism on either side); the stages of
+    groups of two or more use sequence parallelism all or none; sequence parallelism needs
+    groups, sharding replicas.
 
     Example::
 
@@ -474,8 +480,6 @@ def validate_stages(
         if len(set(stage.devices)) != len(stage.devices):
             fail(f"{where}.devices", f"a device is listed twice: {list(stage.devices)}")
         _check_options(stage, source, where)
-        if i:
-            _check_boundary(stages[i - 1], stage, fail)
     if expected < num_layers:
         fail(
             "stages",
@@ -509,29 +513,22 @@ def validate_stages(
                 owner[dev] = i
     elif any(st.tensor_parallel > 1 for st in stages):
         _check_shared_groups(stages, fail)
+    _check_sequence_parallel(stages, fail)
 
 
-def _check_boundary(before: StageSpec, after: StageSpec, fail: Any) -> None:
-    """Neighbours share sequence parallelism; their degrees may differ only without it."""
-    where = f"stages[{after.id}].tensor_parallel"
-    if before.tensor_parallel != after.tensor_parallel and (
-        before.sequence_parallel or after.sequence_parallel
-    ):
-        fail(
-            where,
-            f"stage {before.id} ({_parallel_text(before)}) and stage {after.id} "
-            f"({_parallel_text(after)}) differ in degree; neighbouring stages of different "
-            "degrees need sequence parallelism off on both sides (with it the values they "
-            "exchange are split along the sequence over each group)",
-        )
-    if before.sequence_parallel != after.sequence_parallel:
-        on, off = (after, before) if after.sequence_parallel else (before, after)
-        fail(
-            where,
-            f"stage {on.id} uses sequence parallelism and its neighbour stage {off.id} does "
-            "not; neighbouring stages need the same (the values they exchange are split "
-            "along the sequence on one side only)",
-        )
+def _check_sequence_parallel(stages: Sequence[StageSpec], fail: Any) -> None:
+    """Every stage of groups of two or more uses sequence parallelism, or none does (a
+    run shards every group by one ``tp_plan``; a stage of degree 1 has none)."""
+    grouped = [st for st in stages if st.tensor_parallel > 1]
+    for st in grouped[1:]:
+        if st.sequence_parallel != grouped[0].sequence_parallel:
+            on, off = (st, grouped[0]) if st.sequence_parallel else (grouped[0], st)
+            fail(
+                f"stages[{st.id}].sequence_parallel",
+                f"stage {on.id} ({_parallel_text(on)}) and stage {off.id} "
+                f"({_parallel_text(off)}) differ in sequence parallelism; tensor-parallel "
+                "stages use it all or none (a run shards every group by one tp_plan)",
+            )
 
 
 def _parallel_text(stage: StageSpec) -> str:
@@ -546,6 +543,7 @@ def boundary_peers(senders: Sequence[str], receivers: Sequence[str]) -> list[tup
     the later stage sends the output's gradient). Equal sizes pair member ``i`` with member
     ``i``; of different sizes, the value is replicated over each group (no sequence
     parallelism), so every receiver gets the whole of it, and one sender may serve several.
+    With sequence parallelism on either side: :func:`boundary_pieces`.
 
     Example::
 
@@ -553,6 +551,86 @@ def boundary_peers(senders: Sequence[str], receivers: Sequence[str]) -> list[tup
         boundary_peers(("c",), ("a", "b"))   # [('c', 'a'), ('c', 'b')]
     """
     return [(senders[j % len(senders)], r) for j, r in enumerate(receivers)]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One transfer of a resharded boundary (:func:`boundary_pieces`): ``sender`` hands
+    ``receiver`` the sequence range ``[start, stop)`` (fractions of the whole sequence) of
+    the values split along it, and, where ``first``, the values that are not split (the
+    receiver's first piece carries them, so no receiver gets them twice)."""
+
+    sender: str
+    receiver: str
+    start: Fraction
+    stop: Fraction
+    first: bool
+
+
+def reshards(sender: StageSpec, receiver: StageSpec) -> bool:
+    """Whether the values crossing from ``sender``'s groups to ``receiver``'s are laid out
+    differently on the two sides: sequence parallelism on either side, and the degrees or
+    the setting differ (then :func:`boundary_pieces` says who sends what).
+
+    Example::
+
+        reshards(*parse_stages("0:a+b;1:c"))   # False (no sequence parallelism)
+    """
+    layouts = {(st.tensor_parallel, st.sequence_parallel) for st in (sender, receiver)}
+    return len(layouts) > 1 and (sender.sequence_parallel or receiver.sequence_parallel)
+
+
+def boundary_pieces(
+    senders: Sequence[str], receivers: Sequence[str], *, split: tuple[bool, bool]
+) -> list[Piece]:
+    """The transfers that reshard a value between two groups across a stage boundary:
+    ``split`` says whether each side holds it split along the sequence (sequence
+    parallelism: member ``i`` of ``t`` holds ``[i/t, (i+1)/t)``) or whole. Each receiver
+    gets the range it needs from the senders holding it: from every sender its range
+    overlaps where the senders split it, from sender ``j mod len(senders)`` alone where
+    they hold it whole (as :func:`boundary_peers`); per receiver in sequence order.
+    Backward, the gradients go the other way: the later group's members are the senders.
+
+    Example::
+
+        [(p.sender, p.receiver) for p in boundary_pieces(("a", "b"), ("c",),
+                                                          split=(True, False))]
+        # [('a', 'c'), ('b', 'c')]: c needs the whole sequence, a and b hold a half each
+    """
+    out: list[Piece] = []
+    for j, r in enumerate(receivers):
+        lo, hi = _held(j, len(receivers), split[1])
+        if not split[0]:
+            out.append(Piece(senders[j % len(senders)], r, lo, hi, True))
+            continue
+        for i, s in enumerate(senders):
+            a, b = _held(i, len(senders), True)
+            if max(a, lo) < min(b, hi):
+                out.append(Piece(s, r, max(a, lo), min(b, hi), max(a, lo) == lo))
+    return out
+
+
+def boundary_pairs(
+    senders: Sequence[str], receivers: Sequence[str], *, split: tuple[bool, bool]
+) -> list[tuple[str, str]]:
+    """The ``(sender, receiver)`` transfers of a boundary, per receiver in order:
+    :func:`boundary_peers` where the two sides lay the values out alike or neither splits
+    them, :func:`boundary_pieces`' otherwise.
+
+    Example::
+
+        boundary_pairs(("a", "b"), ("c",), split=(True, False))   # [('a', 'c'), ('b', 'c')]
+    """
+    if split[0] == split[1] and (not split[0] or len(senders) == len(receivers)):
+        return boundary_peers(senders, receivers)
+    return [(p.sender, p.receiver) for p in boundary_pieces(senders, receivers, split=split)]
+
+
+def _held(place: int, size: int, split: bool) -> tuple[Fraction, Fraction]:
+    """The sequence range member ``place`` of a group of ``size`` holds or needs."""
+    if not split:
+        return Fraction(0), Fraction(1)
+    return Fraction(place, size), Fraction(place + 1, size)
 
 
 def _check_shared_groups(stages: Sequence[StageSpec], fail: Any) -> None:

@@ -265,6 +265,29 @@ def test_the_local_search_may_change_one_stages_degree() -> None:
     )
 
 
+def test_degree_moves_keep_sequence_parallelism_where_the_degree_allows() -> None:
+    """From a sequence-parallel plan a stage's degree changes too (the cut resharded along
+    the sequence: planner.stages.boundary_pieces); a stage keeps sequence parallelism at
+    degree 2 or more, and moves from such a plan keep it."""
+    from planner.solve.mesh_local import degree_moves, mesh_moves
+
+    profile = synthetic_tensor_parallel(_plain(), (2, 4))
+    search = Search(profile, _topo("nvlink-pairs"), SolveOptions(), 60.0)
+    devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
+    start = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2, True), "none", "1f1b", 1, 8)
+    moved = list(degree_moves(search, start))
+    assert [tuple(s.tensor_parallel for s in c.stages) for c in moved] == [
+        (1, 2), (4, 2), (2, 1), (2, 4)
+    ]  # fmt: skip
+    for c in moved:
+        assert all(s.sequence_parallel == (s.tensor_parallel > 1) for s in c.stages)
+        assert math.isfinite(search.evaluate(c, "test").key()[1])
+    again = list(mesh_moves(search, moved[0]))
+    assert again and all(
+        s.sequence_parallel == (s.tensor_parallel > 1) for c in again for s in c.stages
+    )
+
+
 def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
     """Six light layers of big activations, then two heavy ones of big weights and small
     activations, on PCIe: the weights' gradient all-reduce over two replicas costs more

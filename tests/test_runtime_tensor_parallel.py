@@ -12,8 +12,10 @@ TP2 x PP2 (4 processes) and TP2 x PP2 x DP2 (6 and 8), 1F1B and interleaved (GPT
 collective count), sequence parallelism on and off, recompute (its forward's collectives
 again), plain data parallelism, ZeRO-1 and FSDP (with the tensor-parallel mesh: FSDP2 over
 the stage's ``dp`` slice), and neighbouring stages of different degrees (TP1 -> TP2 with
-and without replicas, TP2 -> TP1: 3 or 4 processes). The collectives a run's forwards
-and backwards issue must be the ones the plan's profile lists per layer and the simulator
+and without replicas, TP2 -> TP1: 3 or 4 processes; with sequence parallelism, resharded
+along the sequence: TP2+SP -> TP1 for both (GPT with replicas too), Llama TP1 -> TP2+SP, a
+4-head GPT TP2+SP -> TP4+SP: 3 to 6 processes). The collectives a run's forwards and
+backwards issue must be the ones the plan's profile lists per layer and the simulator
 times per microbatch. Runs that cannot be exact are refused with one line before any process starts.
 """
 
@@ -42,6 +44,7 @@ from planner.topology import load_topology
 
 MODELS = Path(__file__).parent / "models"
 GPT, LLAMA = MODELS / "tiny_gpt.py", MODELS / "tiny_llama.py"
+WIDE = MODELS / "tiny_gpt_wide.py"  # 4 heads: degree 4
 MBS, M, STEPS = 2, 4, 2
 
 
@@ -107,10 +110,23 @@ def run_exactly(model: Path, plan: Plan, optimizer: str, **options: object):  # 
 GROUPS = "cpu0+cpu1", "cpu2+cpu3"
 
 
+def _collectives(report: RunReport) -> list[object]:
+    """The collectives a run recorded (not its messages to other stages)."""
+    return [c for c in report.collectives if not c.peer]
+
+
+def _sent(report: RunReport) -> dict[tuple[str, str, str, int], int]:
+    """The bytes of each message a run sent to another stage's device, per (device, peer,
+    kind, microbatch)."""
+    return {(c.device, c.peer, c.kind, c.microbatch): c.bytes for c in report.collectives if c.peer}
+
+
 def _counted(report: RunReport) -> dict[tuple[str, int, int, str], list[tuple[str, int]]]:
     """The collectives a run recorded, per (device, stage, microbatch, phase), in order."""
     counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
     for c in report.collectives:
+        if c.peer:  # a message to another stage (_sent)
+            continue
         counted.setdefault((c.device, c.stage, c.microbatch, c.phase), []).append((c.op, c.bytes))
     return counted
 
@@ -209,7 +225,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
         }
         assert forward_ms == pytest.approx(run_ms["forward"]) and forward_ms + backward_ms > 0
         assert backward_ms == pytest.approx(run_ms["backward"])
-    assert sum(len(v) for v in counted.values()) == len(report.collectives) > 0
+    assert sum(len(v) for v in counted.values()) == len(_collectives(report)) > 0
 
 
 def _refused(plan: Plan | Path, match: str, model: Path = GPT, **options: object) -> InputError:
@@ -319,6 +335,30 @@ def test_stages_of_different_degrees_run_equal_one_process(model: Path, stages: 
     assert report.world_size == len({d for st in plan.stages for d in st.devices})
 
 
+@pytest.mark.parametrize(
+    ("model", "stages"),
+    [
+        pytest.param(GPT, "0-1:cpu0+cpu1;2-3:cpu2", id="gpt-tp2sp-to-tp1"),
+        pytest.param(GPT, "0-1:cpu0+cpu1,cpu2+cpu3;2-3:cpu4,cpu5", id="gpt-tp2sp-dp2-to-tp1-dp2"),
+        pytest.param(LLAMA, "0-2:cpu0;3-4:cpu1+cpu2", id="llama-tp1-to-tp2sp"),
+        # The cut after layers.0 carries the mask, positions and rotary tables whole beside
+        # the split hidden states: from the first member only.
+        pytest.param(LLAMA, "0-1:cpu0+cpu1;2-4:cpu2", id="llama-tp2sp-to-tp1"),
+        pytest.param(WIDE, "0-1:cpu0+cpu1;2-3:cpu2+cpu3+cpu4+cpu5", id="gpt-tp2sp-to-tp4sp"),
+    ],
+)
+def test_sequence_parallel_stages_of_different_degrees_run_equal_one_process(
+    model: Path, stages: str
+) -> None:
+    """Sequence parallelism next to another degree: each member receives the sequence
+    range it needs from the members holding it (the values split along the sequence
+    joined, the others whole from one), and the gradients go back the same way."""
+    plan = parallel_plan(stages, "1f1b", sequence_parallel=True)
+    assert any(st.sequence_parallel for st in plan.stages)
+    report = run_exactly(model, plan, "momentum")
+    assert report.world_size == len({d for st in plan.stages for d in st.devices})
+
+
 def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
     tmp_path: Path,
 ) -> None:
@@ -354,4 +394,77 @@ def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
         for phase in ("forward", "backward")
     ]
     assert sim_ms == pytest.approx(tuple(run_ms)) and sum(run_ms) > 0
-    assert sum(len(v) for v in counted.values()) == len(report.collectives)
+    assert sum(len(v) for v in counted.values()) == len(_collectives(report))
+
+
+def test_a_tp2_sp_stage_before_a_plain_one_counts_the_simulators_collectives_and_pieces(
+    tmp_path: Path,
+) -> None:
+    """GPT at TP2+SP -> TP1, 1F1B (3 processes): exact; each member of the TP2 stage issues
+    the collectives its layers' tp2-sp profile lists, which the simulator times; and every
+    message crossing the cut is one of the simulator's pieces with its bytes (each member
+    sends its half of the sequence, the first also the positions; the plain stage sends
+    each member its half's gradient)."""
+    from planner.simulate.reshard import piece_bytes, split_parts
+
+    profile = profile_with_shards(
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
+        repeat=1, warmup=0, min_time_s=0,
+    )  # fmt: skip
+    path = tmp_path / "tiny_gpt.json"
+    profile.save(path)
+    ref = FileRef(str(path), sha256_file(path))
+    plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2", "1f1b", sequence_parallel=True, profile=ref)
+    report = run_exactly(GPT, plan, "momentum", count_collectives=True)
+    counted = _counted(report)
+    first, second = plan.stages
+    timings = profile.measurement(MBS).layers
+    listed = [c for layer in (0, 1) for c in timings[layer].sharded["tp2-sp"].collectives]
+    for phase in ("forward", "backward"):  # the backward runs the layers in reverse
+        want = sorted((c.op, c.bytes) for c in listed if c.phase == phase)
+        for dev in first.devices:
+            for k in range(M):
+                assert sorted(counted.get((dev, 0, k, phase), [])) == want, (dev, k, phase)
+    assert not any(dev == "cpu2" for dev, *_ in counted)
+    parts = split_parts(profile, first, second, MBS)
+    forward = piece_bytes(first.devices, second.devices, (True, False), parts)
+    # The gradients: of the split hidden states alone (the whole value beside them, the
+    # positions, is an integer tensor), where the simulator charges the cut's bytes both
+    # ways (as for every boundary, planner.cost.boundary_bytes).
+    backward = piece_bytes(second.devices, first.devices, (False, True), (parts[0], 0))
+    assert parts[1] > 0 and piece_bytes(second.devices, first.devices, (False, True), parts)
+    want_sent = {
+        **{(a, b, "SEND_F", k): n for a, b, n in forward for k in range(M)},
+        **{(a, b, "SEND_B", k): n for a, b, n in backward for k in range(M)},
+    }
+    assert _sent(report) == want_sent
+    assert sum(n for *_, n in forward) == profile.cut_bytes(MBS, 1) > 0
+
+
+def test_resharded_pieces_join_to_the_whole_and_an_odd_sequence_is_refused() -> None:
+    """Without launching: TP2+SP -> TP4+SP pieces of a [b, 8, h] hidden state (split) and
+    a [1, 8] position tensor (whole) join to each receiver's quarter and the whole
+    positions; the messages' shapes are learned per peer rank; a sequence of 6 does not
+    divide into quarters: one line naming both stages and the length."""
+    from planner.runtime.placement import Placement
+    from planner.runtime.reshard import Reshard
+
+    stages = with_parallelism(parse_stages("0:a+b;1:c+d+e+f"), sequence_parallel=True)
+    devices = [d for st in stages for d in st.devices]
+    placement = Placement(devices, {d: i for i, d in enumerate(devices)}, len(devices), "cpu")
+    whole = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3)
+    positions = torch.arange(8).reshape(1, 8)
+    handed = [(whole[:, :4], positions, None), (whole[:, 4:], positions, None)]
+    reshard = Reshard(stages, placement, rank=2)  # device c
+    reshard.learn(1, handed, (True, False, False))
+    assert reshard.received(1, handed, 0)[0].equal(whole[:, :2])
+    assert reshard.received(1, handed, 3)[0].equal(whole[:, 6:])
+    assert reshard.received(1, handed, 3)[1].equal(positions)
+    assert [s.shape for s in reshard.specs[("F", 1, 0)]] == [(2, 2, 3), (1, 8)]
+    assert [s.shape for s in reshard.specs[("B", 0, 0)]] == [(2, 2, 3)]
+    assert ("F", 1, 1) not in reshard.specs  # b serves e and f
+    odd = [(whole[:, :3], positions), (whole[:, 3:6], positions)]
+    with pytest.raises(InputError, match="sequence length 6 does not divide") as info:
+        Reshard(stages, placement, rank=2).learn(1, odd, (True, False))
+    assert "stage 0 (" in str(info.value) and "stage 1 (" in str(info.value)
+    assert "\n" not in info.value.one_line()

@@ -126,8 +126,13 @@ def test_a_plan_of_mixed_degrees_is_written_and_shown(
     events = json.loads(trace.read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert {"gpu0+gpu1 -> gpu4", "gpu4 -> gpu0+gpu1"} <= tracks
+    sp_plan = tmp_path / "sp.json"  # resharded along the sequence: gpu4 joins two halves
     code, _, err = _run(
-        capsys, "simulate", *common, "--stages", "0-3:gpu0+gpu1;4-7:gpu4", "--sequence-parallel"
-    )
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "stage 0 (tensor_parallel 2 with sequence parallelism) and stage 1" in err
+        capsys, "simulate", *common, "--stages", "0-3:gpu0+gpu1;4-7:gpu4", "--sequence-parallel",
+        "-o", str(sp_plan),
+    )  # fmt: skip
+    assert code == 0, err
+    gpu4 = json.loads(sp_plan.read_text())["schedule"]["devices"]["gpu4"]
+    assert gpu4[:2] == ["RECV_F1.0<-gpu0", "RECV_F1.0<-gpu1"]
+    code, out, err = _run(capsys, "show", str(sp_plan))
+    assert code == 0, err

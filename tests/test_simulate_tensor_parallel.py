@@ -27,7 +27,7 @@ from planner.simulate import simulate
 from planner.simulate.group_comm import group_transfer_ms
 from planner.simulate.tables import with_message_overheads
 from planner.solve.bounds import search_bound_ms
-from planner.stages import StageSpec, parse_stages, with_parallelism
+from planner.stages import StageSpec, parse_stages, reshards, with_parallelism
 from planner.topology import Topology, load_topology, topology_from_dict, uniform_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -580,12 +580,71 @@ def test_members_of_groups_of_different_sizes_send_to_every_member_they_serve() 
     assert peers["c"] == ["RECV_F1.0<-a", "SEND_F1.0->f", "RECV_B1.0<-f"]
 
 
-def test_different_degrees_next_to_sequence_parallelism_are_refused() -> None:
-    sp = with_parallelism(parse_stages("0-1:a+b;2-3:c+d"), sequence_parallel=True)
-    wide = StageSpec(1, (2, 3), ("c", "d", "e", "f"), tensor_parallel=4, sequence_parallel=True)
-    with pytest.raises(InputError, match="need sequence parallelism off on both sides") as info:
-        simulate(_profile(), None, [sp[0], wide], "1f1b", 4)
-    assert info.value.field == "stages[1].tensor_parallel"
+@pytest.mark.parametrize(
+    ("text", "forward", "backward"),
+    [
+        # TP2+SP -> TP1: gpu2 takes a half from each member (N through its downlink); it
+        # sends each member the gradient of its half (N through its uplink, not 2 N).
+        ("0-1:gpu0+gpu1;2-3:gpu2", 1, 1),
+        # TP1 -> TP2+SP: gpu0 sends each member its half; each returns its half's gradient.
+        ("0-1:gpu0;2-3:gpu1+gpu2", 1, 1),
+        # TP2+SP -> TP4+SP: each member sends a quarter to two members (N / 2 per uplink).
+        ("0-1:gpu0+gpu1;2-3:gpu2+gpu3+gpu4+gpu5", 0.5, 0.5),
+        # TP4+SP -> TP2+SP: each receiver takes a quarter from two members.
+        ("0-1:gpu0+gpu1+gpu2+gpu3;2-3:gpu4+gpu5", 0.5, 0.5),
+    ],
+)
+def test_sequence_parallel_stages_of_different_degrees_reshard_along_the_sequence(
+    text: str, forward: float, backward: float
+) -> None:
+    """Each member receives the sequence range it needs, from the members holding it:
+    the synthetic profile's sequence-parallel cut is all split (``1 / t`` per member)."""
+    topo = uniform_topology(6, bandwidth=BW)
+    stages = with_parallelism(parse_stages(text), sequence_parallel=True)
+    res = simulate(_profile(), topo, stages, "gpipe", 1)
+    times = {t.kind: t.end_ms - t.start_ms for t in res.transfers}
+    latency = topo.latency_ms("gpu0", "gpu1")
+    assert times["F"] == pytest.approx(latency + forward * N / BW * 1e3, rel=1e-9)
+    assert times["B"] == pytest.approx(latency + backward * N / BW * 1e3, rel=1e-9)
+    devices = build_schedule("gpipe", stages, 1).devices
+    lists = {d: [str(a) for a in acts if a.peer] for d, acts in devices.items()}
+    if text == "0-1:gpu0+gpu1;2-3:gpu2":
+        assert lists["gpu2"][:4] == [
+            "RECV_F1.0<-gpu0", "RECV_F1.0<-gpu1", "SEND_B1.0->gpu0", "SEND_B1.0->gpu1"
+        ]  # fmt: skip
+        assert lists["gpu1"] == ["SEND_F0.0->gpu2", "RECV_B0.0<-gpu2"]
+
+
+def test_split_and_whole_values_are_sized_from_the_profile() -> None:
+    """A cut that is partly split along the sequence (a rotary table beside the hidden
+    states): the split part from the whole and one member's bytes, the rest whole, sent
+    once to each receiver (its first piece)."""
+    from planner.simulate.reshard import piece_bytes, split_parts
+
+    profile = _profile()
+    for m in profile.measurements:
+        for i, t in enumerate(m.layers):  # each member: N / 2 of the split part, all of 1 MiB
+            sp = dataclasses.replace(t.sharded["tp2-sp"], output_bytes=N // 2 + 2**20)
+            m.layers[i] = dataclasses.replace(t, output_bytes=N + 2**20)
+            m.layers[i].sharded["tp2-sp"] = sp
+    stages = with_parallelism(parse_stages("0-1:a+b;2-3:c"), sequence_parallel=True)
+    parts = split_parts(profile, stages[0], stages[1], 1)
+    assert parts == (N, 2**20)
+    assert piece_bytes(("a", "b"), ("c",), (True, False), parts) == [
+        ("a", "c", N // 2 + 2**20), ("b", "c", N // 2)
+    ]  # fmt: skip
+    assert piece_bytes(("c",), ("a", "b"), (False, True), parts) == [
+        ("c", "a", N // 2 + 2**20), ("c", "b", N // 2 + 2**20)
+    ]  # fmt: skip
+
+
+def test_a_member_pays_a_message_overhead_per_piece_it_sends_or_receives() -> None:
+    topo = load_topology(ROOT / "topologies" / "cpu4.yaml")  # 300 us per message
+    stages = with_parallelism(parse_stages("0-1:cpu0+cpu1;2-3:cpu2"), sequence_parallel=True)
+    zero = {(0, "cpu0"): (0.0, 0.0, 0.0, 0.0), (1, "cpu2"): (0.0, 0.0, 0.0, 0.0)}
+    out = with_message_overheads(zero, topo, stages, [0, N])
+    assert out[(0, "cpu0")] == pytest.approx((0.3, 0.3, 0.3, 0.0))  # its half, its gradient
+    assert out[(1, "cpu2")] == pytest.approx((0.6, 0.6, 0.6, 0.0))  # two halves each way
 
 
 def test_a_member_pays_a_message_overhead_per_peer_it_serves() -> None:
@@ -597,9 +656,12 @@ def test_a_member_pays_a_message_overhead_per_peer_it_serves() -> None:
     assert out[(1, "cpu2")] == pytest.approx((0.3, 0.6, 0.6, 0.0))  # gradient to both
 
 
-def _random_mixed_plan(rng: random.Random, n: int, names: list[str]) -> list[StageSpec]:
-    """A random partition of ``n`` layers into stages of degrees 1, 2 or 4 each (no
-    sequence parallelism), random replicas, recompute and sharding."""
+def _random_mixed_plan(
+    rng: random.Random, n: int, names: list[str], *, sequence_parallel: bool = False
+) -> list[StageSpec]:
+    """A random partition of ``n`` layers into stages of degrees 1, 2 or 4 each (with
+    ``sequence_parallel`` on every group of two or more), random replicas, recompute and
+    sharding."""
     s = rng.randint(1, min(n, len(names) // 2))
     cuts = sorted(rng.sample(range(n - 1), s - 1))
     bounds = [-1, *cuts, n - 1]
@@ -614,7 +676,8 @@ def _random_mixed_plan(rng: random.Random, n: int, names: list[str]) -> list[Sta
         sharding = rng.choice(["none", "zero1", "fsdp"]) if r > 1 else "none"
         out.append(
             StageSpec(k, (bounds[k] + 1, bounds[k + 1]), devices, rng.random() < 0.2,
-                      tensor_parallel=t, sharding=sharding)
+                      tensor_parallel=t, sharding=sharding,
+                      sequence_parallel=sequence_parallel and t > 1)
         )  # fmt: skip
     return out
 
@@ -626,3 +689,18 @@ def test_bounds_stay_below_the_simulated_time_with_mixed_degrees(topo_name: str)
     checked = _bounds_below_simulated(topo, rng, 30, _random_mixed_plan)
     mixed = sum(len({st.tensor_parallel for st in stages}) > 1 for stages in checked)
     assert len(checked) >= 15 and mixed >= 8
+
+
+@pytest.mark.parametrize("topo_name", ["hetero", "two-node-ib"])
+def test_bounds_stay_below_the_simulated_time_with_resharded_boundaries(topo_name: str) -> None:
+    topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
+    rng = random.Random(topo_name + " resharded")
+
+    def plan(rng: random.Random, n: int, names: list[str]) -> list[StageSpec]:
+        return _random_mixed_plan(rng, n, names, sequence_parallel=True)
+
+    checked = _bounds_below_simulated(topo, rng, 30, plan)
+    resharded = sum(
+        any(reshards(a, b) for a, b in zip(stages, stages[1:], strict=False)) for stages in checked
+    )
+    assert len(checked) >= 15 and resharded >= 8

@@ -125,22 +125,64 @@ def test_options_a_stage_cannot_take_are_refused(
         validate_stages([built], 2, None)
 
 
+def test_boundary_pieces_reshard_along_the_sequence() -> None:
+    """Each receiver gets its range once: from every sender it overlaps where the senders
+    split the sequence, from one sender where they hold it whole; the first piece of each
+    receiver carries the values that are not split."""
+    from fractions import Fraction as F
+
+    from planner.stages import boundary_peers, boundary_pieces
+
+    def pieces(a: str, b: str, split: tuple[bool, bool]) -> list[tuple[str, str, str, bool]]:
+        out = boundary_pieces(tuple(a), tuple(b), split=split)
+        return [(p.sender, p.receiver, f"{p.start}-{p.stop}", p.first) for p in out]
+
+    assert pieces("ab", "c", (True, False)) == [
+        ("a", "c", "0-1/2", True),
+        ("b", "c", "1/2-1", False),
+    ]
+    assert pieces("c", "ab", (False, True)) == [
+        ("c", "a", "0-1/2", True),
+        ("c", "b", "1/2-1", True),
+    ]
+    assert pieces("ab", "cdef", (True, True)) == [
+        ("a", "c", "0-1/4", True), ("a", "d", "1/4-1/2", True),
+        ("b", "e", "1/2-3/4", True), ("b", "f", "3/4-1", True),
+    ]  # fmt: skip
+    assert pieces("abcd", "ef", (True, True)) == [
+        ("a", "e", "0-1/4", True), ("b", "e", "1/4-1/2", False),
+        ("c", "f", "1/2-3/4", True), ("d", "f", "3/4-1", False),
+    ]  # fmt: skip
+    for a, b in (("ab", "c"), ("c", "ab"), ("ab", "cdef"), ("abc", "de")):
+        whole = boundary_pieces(tuple(a), tuple(b), split=(False, False))
+        assert [(p.sender, p.receiver) for p in whole] == boundary_peers(tuple(a), tuple(b))
+        for split in ((True, False), (False, True), (True, True), (False, False)):
+            got = boundary_pieces(tuple(a), tuple(b), split=split)
+            for j, r in enumerate(b):
+                mine = [p for p in got if p.receiver == r]
+                need = (F(j, len(b)), F(j + 1, len(b))) if split[1] else (F(0), F(1))
+                assert mine[0].start == need[0] and mine[-1].stop == need[1]
+                assert all(p.stop == q.start for p, q in zip(mine, mine[1:], strict=False))
+                assert [p.first for p in mine] == [True] + [False] * (len(mine) - 1)
+
+
 def test_groups_line_up_from_stage_to_stage() -> None:
     validate_stages(parse_stages(TP_TEXT), 4, None)  # simulated now: no refusal here
     validate_stages(parse_stages("0-1:a+b;2-3:c"), 4, None)  # mixed degrees, replicated
     validate_stages(parse_stages("0-1:a;2-3:b+c,d+e"), 4, None)
     sp = with_parallelism(parse_stages("0-1:a+b"), sequence_parallel=True)
     second = StageSpec(1, (2, 3), ("c", "d"), tensor_parallel=2)
-    with pytest.raises(InputError, match="stage 0 uses sequence parallelism and its neigh"):
-        validate_stages([*sp, second], 4, None)
-    wide = StageSpec(1, (2, 3), ("c", "d", "e", "f"), tensor_parallel=4, sequence_parallel=True)
     with pytest.raises(InputError, match="stage 0 .tensor_parallel 2 with sequence par") as info:
-        validate_stages([*sp, wide], 4, None)
-    assert info.value.field == "stages[1].tensor_parallel"
-    assert "stage 1 (tensor_parallel 4 with sequence parallelism)" in str(info.value)
-    assert "need sequence parallelism off on both sides" in str(info.value)
-    with pytest.raises(InputError, match="and stage 1 .tensor_parallel 1. differ in degree"):
-        validate_stages([*sp, StageSpec(1, (2, 3), ("c",))], 4, None)
+        validate_stages([*sp, second], 4, None)
+    assert info.value.field == "stages[1].sequence_parallel"
+    assert "stage 1 (tensor_parallel 2) differ in sequence parallelism" in str(info.value)
+    wide = StageSpec(1, (2, 3), ("c", "d", "e", "f"), tensor_parallel=4, sequence_parallel=True)
+    validate_stages([*sp, wide], 4, None)  # resharded along the sequence (boundary_pieces)
+    validate_stages([*sp, StageSpec(1, (2, 3), ("c",))], 4, None)
+    third = StageSpec(2, (3, 3), ("d", "e"), tensor_parallel=2)
+    with pytest.raises(InputError, match="differ in sequence parallelism") as info:
+        validate_stages([sp[0], StageSpec(1, (2, 2), ("c",)), third], 4, None)
+    assert info.value.field == "stages[2].sequence_parallel"
     interleaved = parse_stages("0:a+b;1:c+d;2:a+b;3:c+d")
     validate_stages(interleaved, 4, None, allow_shared_devices=True)
     with pytest.raises(InputError, match="keeps its tensor-parallel group") as info:

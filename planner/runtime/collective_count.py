@@ -7,8 +7,10 @@ A tensor-parallel stage's collectives run inside its modules (torch's DTensor, b
 ``CommDebugMode``'s), so a run's collectives can be put beside what the plan's profile lists
 per layer and the simulator times per microbatch: same operations, same sizes, same phase
 (``forward``; ``backward`` for ``B`` and ``I``, whose input half is where tensor
-parallelism communicates; ``W`` issues none). The recording slows a step down; it is for
-checking, not for timing.
+parallelism communicates; ``W`` issues none); and with :meth:`CollectiveCounter.sent` the
+messages each SEND hands to another stage's device (their bytes, to whom), which the
+simulator's transfers carry. The recording slows a step down; it is for checking, not for
+timing.
 
 Example::
 
@@ -53,6 +55,20 @@ class CollectiveCounter:
             self.entries.append(
                 CountedCollective(device, kind, stage, microbatch, c.op, c.bytes, c.phase)
             )
+
+    def sent(
+        self, device: str, kind: str, stage: int, microbatch: int, peer: str, nbytes: int
+    ) -> None:
+        """Record a message ``device`` sent to another stage's ``peer`` (a SEND action).
+
+        Example::
+
+            counter.sent("gpu0", "SEND_F", 0, 3, "gpu2", 4096)
+        """
+        phase = "forward" if kind == "SEND_F" else "backward"
+        self.entries.append(
+            CountedCollective(device, kind, stage, microbatch, "send", nbytes, phase, peer)
+        )
 
     def take(self) -> list[CountedCollective]:
         """The entries recorded since the last call, in the order they ran.

@@ -80,6 +80,8 @@ def collective_summary(
     """
     issued: dict[tuple[int, str, int, str], list[tuple[str, int]]] = {}
     for c in counted:
+        if c.peer:  # a point-to-point message, not a collective
+            continue
         issued.setdefault((c.stage, c.device, c.microbatch, c.phase), []).append((c.op, c.bytes))
     rows: list[CollectiveRow] = []
     for stage in plan.stages:

@@ -293,7 +293,8 @@ class P2P:
     and one beyond, or more while the posted and not yet taken buffers stay within
     ``ahead_bytes``, and returns a handle with ``ready()``/``wait()``; ``finish`` waits for
     every send of the step. ``specs[s]`` are the values stage ``s`` sends on (from
-    :func:`cut_specs`).
+    :func:`cut_specs`); ``pieces[(kind, stage, peer)]`` the tensors of the messages of a
+    resharded cut exchanged with rank ``peer`` (:mod:`planner.runtime.reshard`).
     """
 
     def __init__(
@@ -305,8 +306,10 @@ class P2P:
         *,
         threaded: bool = False,
         ahead_bytes: int = 0,
+        pieces: Mapping[tuple[str, int, int], list[ValueSpec]] | None = None,
     ):
         self.rank = rank
+        self.pieces = pieces or {}
         self.threaded = threaded
         self.ahead_bytes = ahead_bytes
         self.specs = specs
@@ -319,28 +322,34 @@ class P2P:
         """Start a step: every pair's order begins again."""
         self.out_next = dict.fromkeys(self.out_order, 0)
         self.in_next = dict.fromkeys(self.in_order, 0)
-        self.held: dict[MessageKey, list[torch.Tensor]] = {}
-        self.posted: dict[MessageKey, Pending] = {}
+        # Per (peer rank, message): a message may go to several ranks, or come from several
+        # (groups of different degrees).
+        self.held: dict[tuple[int, MessageKey], list[torch.Tensor]] = {}
+        self.posted: dict[tuple[int, MessageKey], Pending] = {}
         self.posted_bytes = 0  # buffers posted and not taken yet
         self.send_works: list[tuple[Any, torch.Tensor]] = []
 
-    def specs_of(self, key: MessageKey) -> list[ValueSpec]:
-        """The tensors of a message: the cut into stage ``s`` (F) or its float part (B)."""
+    def specs_of(self, key: MessageKey, peer: int = -1) -> list[ValueSpec]:
+        """The tensors of a message: the cut into stage ``s`` (F) or its float part (B);
+        across a resharded cut, the piece exchanged with rank ``peer`` (``pieces``)."""
         kind, stage, _ = key
+        piece = self.pieces.get((kind, stage, peer))
+        if piece is not None:
+            return piece
         if kind == "F":
             return [v for v in self.specs[stage - 1] if v.is_tensor]
         return [v for v in self.specs[stage] if v.has_grad]
 
     def send(self, key: MessageKey, dst: int, tensors: list[torch.Tensor]) -> None:
         """Post the message's ``isend``s (in canonical order per destination)."""
-        _check_message(key, tensors, self.specs_of(key))
-        self.held[key] = tensors
+        _check_message(key, tensors, self.specs_of(key, dst))
+        self.held[(dst, key)] = tensors
         keys = self.out_order[dst]
         i = self.out_next[dst]
         import torch.distributed as dist
 
-        while i < len(keys) and keys[i] in self.held:
-            for t in self.held.pop(keys[i]):
+        while i < len(keys) and (dst, keys[i]) in self.held:
+            for t in self.held.pop((dst, keys[i])):
                 t = t.contiguous()
                 self.send_works.append((dist.isend(t, dst), t))
             i += 1
@@ -349,11 +358,11 @@ class P2P:
     def recv(self, key: MessageKey, src: int) -> Pending:
         """Post receives up to ``key`` (and one beyond, to overlap); return its handle."""
         keys = self.in_order[src]
-        if key not in self.posted:
+        if (src, key) not in self.posted:
             target = keys.index(key, self.in_next[src])
             self._post(src, target + 1)
         self._post(src, self.in_next[src] + 1)  # one message ahead
-        pending = self.posted.pop(key)
+        pending = self.posted.pop((src, key))
         self.posted_bytes -= pending.nbytes
         self._post_ahead()
         return pending
@@ -373,12 +382,15 @@ class P2P:
             more = False
             for src, keys in self.in_order.items():
                 i = self.in_next[src]
-                if i < len(keys) and self.posted_bytes + self._bytes(keys[i]) <= self.ahead_bytes:
+                if (
+                    i < len(keys)
+                    and self.posted_bytes + self._bytes(keys[i], src) <= self.ahead_bytes
+                ):
                     self._post(src, i + 1)
                     more = True
 
-    def _bytes(self, key: MessageKey) -> int:
-        return sum(_spec_bytes(s) for s in self.specs_of(key))
+    def _bytes(self, key: MessageKey, src: int) -> int:
+        return sum(_spec_bytes(s) for s in self.specs_of(key, src))
 
     def _post(self, src: int, upto: int) -> None:
         import torch
@@ -387,11 +399,11 @@ class P2P:
         keys = self.in_order[src]
         i = self.in_next[src]
         while i < min(upto, len(keys)):
-            specs = self.specs_of(keys[i])
+            specs = self.specs_of(keys[i], src)
             bufs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
             works = [dist.irecv(b, src) for b in bufs]
             pending = Pending(works, bufs, threaded=self.threaded)
-            self.posted[keys[i]] = pending
+            self.posted[(src, keys[i])] = pending
             self.posted_bytes += pending.nbytes
             i += 1
         self.in_next[src] = i

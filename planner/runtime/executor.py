@@ -55,12 +55,14 @@ from planner.runtime.comm import P2P, MessageKey, Pending, ValueSpec, message_ke
 from planner.runtime.measured import CountedCollective, MeasuredEvent
 from planner.runtime.mesh import member_position
 from planner.schedule.actions import Action, ActionType
+from planner.stages import Piece
 
 if TYPE_CHECKING:
     from planner.plan import StageSpec
     from planner.runtime.collective_count import CollectiveCounter
     from planner.runtime.loss_scale import AgreedLossScaler
     from planner.runtime.placement import Placement
+    from planner.runtime.reshard import Reshard
     from planner.runtime.stage import StageRuntime
     from planner.runtime.tied import TiedExchange, TiedRound
 
@@ -157,8 +159,10 @@ class ProcessExecutor:
         scaler: AgreedLossScaler | None = None,
         scale_group: Any = None,
         counter: CollectiveCounter | None = None,
+        reshard: Reshard | None = None,
     ):
         self.rank = rank
+        self.reshard = reshard if reshard is not None and reshard.cuts else None
         self.placement = placement
         self.stages = stages
         self.local = placement.devices_of(rank)
@@ -200,6 +204,7 @@ class ProcessExecutor:
         self.inputs, self.targets = inputs, targets
         self.mailbox: dict[MessageKey, tuple[Any, Any]] = {}
         self.outbox: dict[tuple[MessageKey, str], list[torch.Tensor]] = {}  # per consumer
+        self.partial: dict[MessageKey, dict[str, list[torch.Tensor]]] = {}  # resharded pieces
         self.arrived: dict[tuple[str, int, int], int] = {}
         self.done: dict[tuple[str, int, int], Any] = {}
         self.losses: dict[int, torch.Tensor] = {}
@@ -300,6 +305,9 @@ class ProcessExecutor:
                     with self._stream(dev):  # NCCL orders the send after this stream's work
                         tensors = self.outbox.pop((message_key(a), a.peer))
                         self.p2p.send(message_key(a), dst, tensors)
+                    if self.counter is not None:
+                        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+                        self.counter.sent(dev, kind.value, a.stage, a.microbatch, a.peer, nbytes)
             elif kind in (_T.RECV_ACT, _T.RECV_GRAD):
                 yield from self._receive(dev, a)
             elif kind is _T.ALLREDUCE:
@@ -331,6 +339,9 @@ class ProcessExecutor:
             if self.place[dev] == 0:  # a group's members compute the same loss
                 self.losses[k] = out
             return
+        if self._resharded(s + 1):
+            self._send_pieces(dev, ("F", s + 1, k), out)
+            return
         self._deliver(dev, ("F", s + 1, k), self._consumers(dev, s, s + 1, k), out)
 
     def _backward(self, dev: str, a: Action) -> None:
@@ -346,7 +357,9 @@ class ProcessExecutor:
         else:
             in_grads = runtime.backward_input(k, grads)  # type: ignore[arg-type]
         self.clock.add(dev, a.kind.value, s, k, t0, self.clock.now())
-        if s > 0:
+        if s > 0 and self._resharded(s):
+            self._send_pieces(dev, ("B", s - 1, k), in_grads)
+        elif s > 0:
             self._deliver(dev, ("B", s - 1, k), self._consumers(dev, s, s - 1, k), in_grads)
 
     def _consumers(self, dev: str, own: int, s: int, k: int) -> list[str]:
@@ -384,14 +397,56 @@ class ProcessExecutor:
             yield _Wait(incoming.ready, incoming.wait)
         with self._stream(dev):
             incoming.wait()  # once ready: completes it (NCCL: orders this device's stream)
+        buffers = list(incoming.buffers)
+        if self._resharded(_cut_of(key)):
+            parts = self.partial.setdefault(key, {})
+            parts[a.peer] = buffers
+            senders = [p.sender for p in self._pieces(key, dev) if p.receiver == dev]
+            if any(s not in parts for s in senders):
+                return  # more pieces to come (a RECV each)
+            assert self.reshard is not None
+            del self.partial[key]
+            buffers = self.reshard.join(key[0], _cut_of(key), [parts[s] for s in senders])
         if key[0] == "F":
-            tensors = iter(incoming.buffers)
+            tensors = iter(buffers)
             values: Any = tuple(
                 next(tensors) if v.is_tensor else v.constant for v in self.specs[key[1] - 1]
             )
         else:
-            values = list(incoming.buffers)
+            values = buffers
         self.mailbox[key] = (values, None)
+
+    # -- resharded cuts (sequence parallelism next to another degree) -----------------
+
+    def _resharded(self, c: int) -> bool:
+        """Whether cut ``c`` (into stage ``c``) is resharded (:mod:`planner.runtime.reshard`)."""
+        return self.reshard is not None and c in self.reshard.cuts
+
+    def _pieces(self, key: MessageKey, dev: str) -> list[Piece]:
+        """The pieces of message ``key`` between the groups of the replicas running its
+        microbatch (``dev`` is in one of them)."""
+        assert self.reshard is not None
+        kind, stage, k = key
+        c = _cut_of(key)
+        before, after = self.stages[c - 1], self.stages[c]
+        groups = (
+            before.replica_groups[k % before.replicas],
+            after.replica_groups[k % after.replicas],
+        )
+        senders, receivers = groups if kind == "F" else groups[::-1]
+        return self.reshard.pieces(kind, c, senders, receivers)
+
+    def _send_pieces(self, dev: str, key: MessageKey, values: Any) -> None:
+        """Keep each piece ``dev`` sends of message ``key`` for its SEND action."""
+        assert self.reshard is not None
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        for p in self._pieces(key, dev):
+            if p.sender != dev:
+                continue
+            if self.placement.rank_of[p.receiver] == self.rank:  # pragma: no cover
+                raise RuntimeError("a resharded cut between devices of one process")
+            piece = self.reshard.piece(key[0], _cut_of(key), p, tensors)
+            self.outbox[(key, p.receiver)] = piece
 
     def _rendezvous(self, what: str, dev: str, s: int) -> tuple[str, int, int]:
         """Count this replica in at the next ``what`` of stage ``s``; return its key."""
@@ -523,3 +578,9 @@ class ProcessExecutor:
                 self.heartbeat()
         elif key not in self.done:
             yield _Wait(lambda: key in self.done)
+
+
+def _cut_of(key: MessageKey) -> int:
+    """The cut a message crosses: ``("F", s)`` enters stage ``s``, ``("B", s)`` leaves
+    stage ``s + 1``."""
+    return key[1] if key[0] == "F" else key[1] + 1

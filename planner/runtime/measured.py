@@ -33,7 +33,8 @@ class MeasuredEvent:
 class CountedCollective:
     """One collective a run's action issued (``run_plan(count_collectives=True)``): the
     device and action (``kind`` F/B/I/W, stage, microbatch), torch's operation name, the
-    bytes it moved and the phase (``forward`` or ``backward``)."""
+    bytes it moved and the phase (``forward`` or ``backward``); a point-to-point message
+    sent to another stage's device names it as ``peer`` (op ``send``)."""
 
     device: str
     kind: str
@@ -42,6 +43,7 @@ class CountedCollective:
     op: str
     bytes: int
     phase: str
+    peer: str = ""  # a message's receiver (op "send", kind SEND_F/SEND_B); "" otherwise
 
 
 @dataclass

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from planner.profile.loader import UserModel
     from planner.runtime.mesh import StageMesh
     from planner.runtime.placement import Placement
+    from planner.runtime.reshard import Reshard
     from planner.stages import StageSpec
 
 __all__ = ["shard_stages", "sharded_cut_specs", "stage_module_names"]
@@ -106,12 +107,17 @@ def sharded_cut_specs(
     *,
     group: Any,
     device: torch.device,
+    reshard: Reshard | None = None,
 ) -> list[list[ValueSpec]]:
     """``specs[s]``: the values member ``i`` of stage ``s`` hands to member ``i`` of stage
     ``s + 1`` (``i``: this rank's place in its groups), found by one pass of ``inputs`` (a
     microbatch) through the pipeline without gradients: the first replica of each stage
     computes it (its group together), and broadcasts each member's outputs over ``group``
     (every rank, gloo). Runs under the caller's autocast, so the dtypes are the stages'.
+    With ``reshard`` (a plan with resharded cuts) the pass tracks which values depend on
+    the weights (autograd), has ``reshard`` learn each resharded cut
+    (:meth:`~planner.runtime.reshard.Reshard.learn`), and hands each stage what its
+    member at this rank's place joins from its pieces.
 
     Example::
 
@@ -122,6 +128,7 @@ def sharded_cut_specs(
 
     position = next(iter(meshes.values())).position if meshes else 0
     values: tuple[Any, ...] = tuple(to_device(list(inputs), device))
+    flags: tuple[bool, ...] | None = None if reshard is None else (False,) * len(values)
     out: list[list[ValueSpec]] = []
     for st in stages:
         if st.id == len(stages) - 1:
@@ -130,17 +137,46 @@ def sharded_cut_specs(
         members = [placement.rank_of[d] for d in st.replica_groups[0]]
         result: Any = None
         if rank in members:
-            with torch.no_grad():
-                result = tuple(split.stage(st.first, st.last)(*values))
-            result = to_device(list(result), "cpu")
+            result = _stage_pass(split.stage(st.first, st.last), values, flags)
         handed: list[Any] = []
         for src in members:
             box = [result if rank == src else None]
             dist.broadcast_object_list(box, src=src, group=group)
             handed.append(box[0])
-        mine = handed[position % len(members)]
-        if any(len(h) != len(mine) for h in handed):  # pragma: no cover - a plan's styles
+        outputs = [h[0] for h in handed]
+        mine = outputs[position % len(members)]
+        if any(len(h) != len(mine) for h in outputs):  # pragma: no cover - a plan's styles
             raise InputError(f"stage {st.id}'s members hand on different values", field="stages")
         out.append([value_spec(v) for v in mine])
+        flags = handed[0][1] if reshard is not None else None
+        if reshard is not None and reshard.resharded(st.id + 1):
+            reshard.learn(st.id + 1, outputs, handed[0][1])
+            mine = reshard.received(st.id + 1, outputs, _place(stages[st.id + 1], placement, rank))
         values = tuple(to_device(list(mine), device))
     return out
+
+
+def _stage_pass(module: Any, values: tuple[Any, ...], flags: tuple[bool, ...] | None) -> Any:
+    """One stage's outputs on CPU and which depend on the weights or on an input that does
+    (``flags``: the inputs'; None: no tracking, without gradients)."""
+    if flags is None:
+        with torch.no_grad():
+            result = tuple(module(*values))
+        return to_device(list(result), "cpu"), ()
+    with torch.enable_grad():
+        leaves = [
+            v.detach().requires_grad_(True)
+            if f and torch.is_tensor(v) and v.is_floating_point()
+            else v
+            for v, f in zip(values, flags, strict=True)
+        ]
+        result = tuple(module(*leaves))
+        depends = tuple(torch.is_tensor(v) and v.requires_grad for v in result)
+        result = tuple(v.detach() if torch.is_tensor(v) else v for v in result)
+    return to_device(list(result), "cpu"), depends
+
+
+def _place(stage: StageSpec, placement: Placement, rank: int) -> int:
+    """This rank's place in ``stage``'s groups (0 where it holds none of it)."""
+    mine = [d for d in placement.devices_of(rank) if d in stage.devices]
+    return stage.devices.index(mine[0]) % stage.tensor_parallel if mine else 0

@@ -239,20 +239,24 @@ def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
         # device's autocast (a message of another dtype would stop the run at its send).
         inputs = split.flat_inputs(sample_inputs)
         with mixed():
+            reshard = _reshard(plan, placement, rank, user, model) if grouped else None
             if grouped:  # a member's part of the activations: from the sharded stages
                 specs = sharded_cut_specs(
                     split, plan.stages, inputs, meshes, placement, rank, group=control,
-                    device=device,
+                    device=device, reshard=reshard,
                 )  # fmt: skip
             else:
                 specs = cut_specs(split, plan.stages, inputs, device=device)
+                reshard = None
     names = {id(p): n for n, p in model.named_parameters()}
     stages = _build_stages(
         rank, config, plan, schedule, placement, split, names, user, device, meshes
     )
     for runtime in stages.runtimes.values():
         runtime.autocast = mixed
-    executor, scaler = _executor(rank, config, plan, placement, split, stages, specs, device)
+    executor, scaler = _executor(
+        rank, config, plan, placement, split, stages, specs, device, reshard
+    )
 
     def batches(step: int) -> tuple[list[Any] | None, list[Any] | None]:
         return _batches(step, user, split, plan, stages.runtimes, device)
@@ -389,6 +393,7 @@ def _executor(
     stages: _Stages,
     specs: Any,
     device: Any,
+    reshard: Any = None,
 ) -> tuple[Any, Any]:
     """The process groups (replicas, ties, fp16's overflow agreement: created on every rank
     in one order), the final action lists and the executor; also returns the loss scaler."""
@@ -439,6 +444,7 @@ def _executor(
             device,
             threaded=device.type == "cpu" and len(local) > 1,
             ahead_bytes=RECV_AHEAD_BYTES if device.type == "cpu" else 0,
+            pieces=reshard.specs if reshard is not None else None,
         ),
         stages.syncs,
         device,
@@ -448,6 +454,7 @@ def _executor(
         scaler=scaler,
         scale_group=scale_group,
         counter=CollectiveCounter() if config.count_collectives else None,
+        reshard=reshard,
     )
     return executor, scaler
 
@@ -611,6 +618,20 @@ def _split_stream(
         dataclasses.replace(ev, start_ms=ev.start_ms - t0, end_ms=ev.end_ms - t0) for ev in last
     ]
     return seconds, losses, samples, events
+
+
+def _reshard(plan: Plan, placement: Placement, rank: int, user: Any, model: Any) -> Any:
+    """The plan's resharded cuts (:class:`~planner.runtime.reshard.Reshard`, along the
+    sequence dimension of the model's sequence-parallel ``tp_plan``), None without any."""
+    from planner.profile.tp_plan import tensor_parallel_plan
+    from planner.runtime.reshard import Reshard, sequence_dim
+
+    reshard = Reshard(plan.stages, placement, rank)
+    if not reshard.any_cut():
+        return None
+    styles = tensor_parallel_plan(user, model, sequence_parallel=True).styles
+    reshard.dim = sequence_dim(styles)
+    return reshard
 
 
 def _heartbeat(run_dir: Path, rank: int, phase: str) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from planner.errors import InputError
 from planner.schedule.action import SENDS, Action
-from planner.stages import StageSpec
+from planner.stages import StageSpec, boundary_pairs
 
 __all__ = ["group_of_leader", "is_grouped", "leader_stages", "mirror", "unmirror"]
 
@@ -75,7 +75,10 @@ def mirror(
     place. Between groups of different sizes (:func:`~planner.stages.boundary_peers`) a
     member receives from the peer group's member ``i mod u`` and sends to each member ``k``
     with ``k mod t == i`` (``t``, ``u``: its group's and the peer group's sizes), so a send
-    may become several or none.
+    may become several or none. Where sequence parallelism splits the values on one side
+    or both and the layouts differ (:func:`~planner.stages.boundary_pieces`), a member
+    also receives from every member holding a part of the range it needs, in sequence
+    order.
 
     Example::
 
@@ -83,30 +86,60 @@ def mirror(
         # {'a': [RECV_F1.0<-c], 'b': [RECV_F1.0<-d]}
         mirror({"c": [Action.parse("SEND_B1.0->a")]}, parse_stages("0:a+b;1:c"))
         # {'c': [SEND_B1.0->a, SEND_B1.0->b]}
+        mirror({"c": [Action.parse("RECV_F1.0<-a")]},
+               with_parallelism(parse_stages("0:a+b;1:c"), sequence_parallel=True))
+        # {'c': [RECV_F1.0<-a, RECV_F1.0<-b]}
     """
     groups = group_of_leader(stages)
+    peers = _Peers(groups, {d for st in stages if st.sequence_parallel for d in st.devices})
     out: dict[str, list[Action]] = {}
     for leader, acts in lists.items():
         group = groups.get(leader, (leader,))
         for i, member in enumerate(group):
-            out[member] = _member_actions(acts, i, len(group), groups)
+            out[member] = _member_actions(acts, group, i, peers)
     return out
 
 
+class _Peers:
+    """Who a member sends to and receives from across a boundary
+    (:func:`~planner.stages.boundary_pairs`), cached per pair of groups."""
+
+    def __init__(self, groups: Mapping[str, tuple[str, ...]], split: set[str]):
+        self.groups = groups
+        self.split = split  # devices of sequence-parallel stages
+        self.found: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[str, str]]] = {}
+
+    def group(self, dev: str) -> tuple[str, ...]:
+        return self.groups.get(dev, (dev,))
+
+    def pairs(self, senders: tuple[str, ...], receivers: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The ``(sender, receiver)`` transfers between two groups, per receiver in order."""
+        key = (senders, receivers)
+        hit = self.found.get(key)
+        if hit is None:
+            split = (senders[0] in self.split, receivers[0] in self.split)
+            hit = boundary_pairs(senders, receivers, split=split)
+            self.found[key] = hit
+        return hit
+
+
 def _member_actions(
-    acts: Sequence[Action], place: int, size: int, groups: Mapping[str, tuple[str, ...]]
+    acts: Sequence[Action], group: tuple[str, ...], place: int, peers: _Peers
 ) -> list[Action]:
-    """The list of member ``place`` of a group of ``size`` (see :func:`mirror`)."""
+    """The list of member ``place`` of ``group`` (see :func:`mirror`)."""
     out: list[Action] = []
+    me = group[place]
     for a in acts:
         if a.peer is None:
             out.append(a)
             continue
-        peers = groups.get(a.peer, (a.peer,))
+        other = peers.group(a.peer)
         if a.kind in SENDS:
-            out.extend(a._replace(peer=peers[k]) for k in range(place, len(peers), size))
+            pairs = peers.pairs(group, other)
+            out.extend(a._replace(peer=r) for s, r in pairs if s == me)
         else:
-            out.append(a._replace(peer=peers[place % len(peers)]))
+            pairs = peers.pairs(other, group)
+            out.extend(a._replace(peer=s) for s, r in pairs if r == me)
     return out
 
 

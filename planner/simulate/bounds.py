@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from planner.profile.schema import Profile
 from planner.simulate.group_comm import group_transfer_ms
+from planner.simulate.reshard import Reshard, plan_reshard, reshard_transfer
 from planner.simulate.tables import compute_times, step_table
 from planner.stages import StageSpec
 
@@ -70,10 +71,11 @@ def lower_bound_ms(
     # Microbatch k takes replica k % r of each stage: the paths repeat with the least
     # common multiple of the replica counts, so later ones change nothing.
     period = math.lcm(*(st.replicas for st in stages))
+    reshard = plan_reshard(profile, stages, microbatch_size) if topology is not None else None
     for k in range(min(num_microbatches, 64, period)):
         devs = [st.replica(k) for st in stages]
-        hops = _hop_ms(topology, stages, devs, cut, backward=False)
-        back = _hop_ms(topology, stages, devs, cut, backward=True)
+        hops = _hop_ms(topology, stages, devs, cut, backward=False, reshard=reshard)
+        back = _hop_ms(topology, stages, devs, cut, backward=True, reshard=reshard)
         # Forward down the pipeline, then the (input-)gradient back up.
         down = 0.0
         for s, st in enumerate(stages):
@@ -100,10 +102,11 @@ def _hop_ms(
     cut: list[int],
     *,
     backward: bool,
+    reshard: Reshard | None = None,
 ) -> list[float]:
     """Per stage ``s`` the transfer between it and ``s - 1`` (activations forward, or the
     gradient back; 0 for the first, on one device or without a topology); a group's
-    members' transfers together."""
+    members' transfers together (``reshard``: the resharded boundaries' pieces)."""
     out = [0.0]
     for s in range(1, len(stages)):
         a, b = devs[s - 1], devs[s]
@@ -119,7 +122,15 @@ def _hop_ms(
             continue
         ga, gb = _group_led_by(stages[s - 1], a), _group_led_by(stages[s], b)
         pair = (gb, ga) if backward else (ga, gb)
-        out.append(group_transfer_ms(topology, *pair, cut[s]))
+        parts = reshard.of_cut(s) if reshard is not None else None
+        if parts is None:
+            out.append(group_transfer_ms(topology, *pair, cut[s]))
+            continue
+        split = (stages[s - 1].sequence_parallel, stages[s].sequence_parallel)
+        _, latency, wire = reshard_transfer(
+            topology, *pair, split[::-1] if backward else split, parts
+        )
+        out.append(latency + wire)
     return out
 
 

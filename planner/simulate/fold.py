@@ -245,6 +245,7 @@ def symmetric(
         tuple(tables.devices),
         tuple(tables.cut),
         tuple(sorted(tables.groups.items())),
+        getattr(tables.groups, "reshard", None),
     )
     hit = fold.checked.get(key)
     if hit is not None and hit[0] is topology:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from planner.simulate.group_comm import group_transfer
 from planner.simulate.program import Program
+from planner.simulate.reshard import reshard_transfer
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -84,7 +85,8 @@ def route_of_way(
     groups: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Route:
     """The route of a way; numbers links not in ``link_ids`` yet in the order met.
-    ``groups``: each tensor-parallel leader's group, whose members send together.
+    ``groups``: each tensor-parallel leader's group, whose members send together (a
+    :class:`~planner.simulate.reshard.Groups` with resharded boundaries: their pieces).
 
     Example::
 
@@ -94,6 +96,14 @@ def route_of_way(
     src, dst = divmod(pair, len(devices))
     a, b = devices[src], devices[dst]
     nbytes = cut[c]
+    reshard = getattr(groups, "reshard", None)  # a Groups with resharded boundaries
+    parts = reshard.of_cut(c) if reshard is not None else None
+    if parts is not None and groups is not None:
+        sources, targets = groups.get(a, (a,)), groups.get(b, (b,))
+        split = (a in reshard.split, b in reshard.split)  # type: ignore[union-attr]
+        hops, latency, wire = reshard_transfer(topology, sources, targets, split, parts)
+        ids = tuple(link_ids.setdefault(hop, len(link_ids)) for hop in hops)
+        return (ids, latency, wire, src, dst, sum(parts))
     if groups and (a in groups or b in groups):
         hops, latency, wire = group_transfer(
             topology, groups.get(a, (a,)), groups.get(b, (b,)), nbytes

@@ -48,6 +48,7 @@ from planner.simulate.group_comm import (
     replica_sync_ms,
 )
 from planner.simulate.program import ALLREDUCE, GATHER, SLOTS, STEP, devices_of
+from planner.simulate.reshard import Groups, plan_reshard
 from planner.simulate.shards import (
     FORGOTTEN,
     gathered_bytes,
@@ -55,7 +56,7 @@ from planner.simulate.shards import (
     shard_view,
     step_workspace_bytes,
 )
-from planner.stages import StageSpec
+from planner.stages import StageSpec, boundary_pairs
 
 if TYPE_CHECKING:
     from planner.topology import Topology
@@ -236,17 +237,38 @@ def _mixed_overheads(
 ) -> tuple[float, float]:
     """A group's message overheads per ``F`` and per ``B``/``I`` next to a stage of another
     degree: member ``i`` receives one message per input and sends one to each member of
-    the peer group it serves (:func:`~planner.stages.boundary_peers`), so members differ;
-    the group pays its slowest member's."""
-    t = len(group)
-    prev = stages[si - 1].tensor_parallel if before else 0
-    nxt = stages[si + 1].tensor_parallel if after else 0
+    the peer group it serves (:func:`~planner.stages.boundary_peers`), or where sequence
+    parallelism reshards the values (:func:`~planner.stages.boundary_pieces`) one per
+    piece it receives or sends, so members differ; the group pays its slowest member's."""
+    sp = stages[si].sequence_parallel
+    prev = (_peer_group(stages, si - 1), stages[si - 1].sequence_parallel) if before else None
+    nxt = (_peer_group(stages, si + 1), stages[si + 1].sequence_parallel) if after else None
     forward = backward = 0.0
-    for place, dev in enumerate(group):
+    for dev in group:
         cost = topology.device(dev).message_overhead_ms
-        forward = max(forward, cost * (int(before) + len(range(place, nxt, t))))
-        backward = max(backward, cost * (int(after) + len(range(place, prev, t))))
+        f = _messages(prev, (group, sp), dev, 1) + _messages((group, sp), nxt, dev, 0)
+        b = _messages(nxt, (group, sp), dev, 1) + _messages((group, sp), prev, dev, 0)
+        forward = max(forward, cost * f)
+        backward = max(backward, cost * b)
     return forward, backward
+
+
+_Side = tuple[tuple[str, ...], bool]  # a group and whether it splits the sequence
+
+
+def _messages(senders: _Side | None, receivers: _Side | None, dev: str, side: int) -> int:
+    """How many of a boundary's transfers ``dev`` takes part in as sender (``side`` 0) or
+    receiver (1); none where there is no such neighbour."""
+    if senders is None or receivers is None:
+        return 0
+    pairs = boundary_pairs(senders[0], receivers[0], split=(senders[1], receivers[1]))
+    return sum(1 for pair in pairs if pair[side] == dev)
+
+
+def _peer_group(stages: Sequence[StageSpec], n: int) -> tuple[str, ...]:
+    """The first replica group of stage ``n`` (groups of one stage have one size)."""
+    st = stages[n]
+    return tuple(st.devices[: st.tensor_parallel])
 
 
 def _group_times(
@@ -598,7 +620,8 @@ def stage_tables(
     replicas = [st.replicas for st in stages]
     tables = StageTables(devices, durations, grows, shrinks, static, cut, steps, replicas)
     if grouped:
-        tables.groups = group_of_leader(stages)
+        tables.groups = Groups(group_of_leader(stages))
+        tables.groups.reshard = plan_reshard(profile, stages, microbatch_size)
         tables.reference = _group_reference(profile, stages, devices, microbatch_size)
     tables.gathering = gathering
     return tables

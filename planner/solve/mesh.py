@@ -47,6 +47,7 @@ __all__ = [
     "mesh_recompute",
     "mesh_shape",
     "mesh_stages",
+    "shape_mesh",
     "stage_degrees",
 ]
 
@@ -80,9 +81,9 @@ def mesh_stages(
     degrees: Sequence[int] | None = None,
 ) -> tuple[StageSpec, ...]:
     """The stages: layer range ``k`` on ``stage_devices[k]`` (replica-major groups of
-    ``mesh.degree``, or of ``degrees[k]``: a degree per stage, without sequence
-    parallelism), ``sharding`` (one for all, or per stage) where a stage has two or more
-    replicas.
+    ``mesh.degree``, or of ``degrees[k]``: a degree per stage, sequence parallel where
+    the mesh is and the stage's degree is 2 or more), ``sharding`` (one for all, or per
+    stage) where a stage has two or more replicas.
 
     Example::
 
@@ -106,6 +107,18 @@ def mesh_stages(
             zip(ranges, stage_devices, shard, recompute, ts, strict=True)
         )
     )
+
+
+def shape_mesh(shape: PlanShape) -> Mesh:
+    """The mesh a plan's moves keep: its first stage's degree, and sequence parallelism
+    where any stage uses it (a plan of a degree per stage may start at degree 1).
+
+    Example::
+
+        shape_mesh(shape)   # Mesh(degree=2, sequence_parallel=True)
+    """
+    st0 = shape.stages[0]
+    return Mesh(st0.tensor_parallel, any(st.sequence_parallel for st in shape.stages))
 
 
 def stage_degrees(shape: PlanShape) -> list[int] | None:

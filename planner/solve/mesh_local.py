@@ -5,10 +5,12 @@ From a plan whose stages share a degree and sequence parallelism, in a fixed ord
 cut by one or two layers; switch sequence parallelism for the whole pipeline; change one
 stage's sharding, or every stage's; unless interleaved, exchange the ``j``-th groups of two
 neighbouring stages, and move a stage's last group to a neighbour (with the cut between
-them moved a layer either way); last, unless interleaved or sequence parallel, change one
-stage's tensor-parallel degree (its devices regrouped: :func:`_degree_changes`), which
-may leave neighbouring stages at different degrees (issue #22: the values crossing are
-replicated over each group). From such a plan: the cut, sharding and degree moves.
+them moved a layer either way); last, unless interleaved, change one stage's
+tensor-parallel degree (its devices regrouped: :func:`_degree_changes`; sequence parallel
+where the plan is and the new degree is 2 or more), which may leave neighbouring stages
+at different degrees (issue #22: the values crossing are replicated over each group, or
+resharded along the sequence: :func:`~planner.stages.boundary_pieces`). From such a
+plan: the cut, sharding and degree moves.
 Recompute is worked out for each (a member's memory), and settled by the simulator as for
 every candidate.
 
@@ -25,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.local import moved_cut
-from planner.solve.mesh import Mesh, mesh_shape, stage_degrees
+from planner.solve.mesh import Mesh, mesh_shape, shape_mesh, stage_degrees
 from planner.solve.mesh_grid import mesh_degrees
 from planner.solve.search import Search
 from planner.stages import SHARDINGS
@@ -43,8 +45,7 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
         next(mesh_moves(search, shape)).stages[0].tensor_parallel
     """
     degrees = stage_degrees(c)
-    st0 = c.stages[0]
-    mesh = Mesh(st0.tensor_parallel, st0.sequence_parallel)
+    mesh = shape_mesh(c)
     ranges = [s.layers for s in c.stages]
     devs = [s.devices for s in c.stages]
     shard = [s.sharding for s in c.stages]
@@ -83,17 +84,17 @@ def mesh_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
 
 def degree_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
     """The plans with one stage's tensor-parallel degree changed (:func:`_degree_changes`),
-    the last of :func:`mesh_moves`; none for interleaved or sequence-parallel plans or a
-    profile without tensor-parallel entries.
+    the last of :func:`mesh_moves`, sequence parallelism kept where the plan has it (on
+    each stage of degree 2 or more); none for interleaved plans or a profile without
+    tensor-parallel entries.
 
     Example::
 
         [st.tensor_parallel for st in next(degree_moves(search, shape)).stages]   # [1, 2]
     """
-    if c.virtual_stages > 1 or c.stages[0].sequence_parallel:
+    if c.virtual_stages > 1 or search.profile.tensor_parallel is None:
         return
-    if search.profile.tensor_parallel is None:
-        return
+    sp = shape_mesh(c).sequence_parallel  # kept on every stage of degree 2 or more
     ranges = [s.layers for s in c.stages]
     devs = [s.devices for s in c.stages]
     shard = [s.sharding for s in c.stages]
@@ -103,7 +104,7 @@ def degree_moves(search: Search, c: PlanShape) -> Iterator[PlanShape]:
             search,
             ranges,
             devs,
-            Mesh(ts[0]) if one else Mesh(1),
+            Mesh(ts[0], sp and ts[0] > 1) if one else Mesh(1, sp),
             shard,
             c.schedule,
             c.microbatch_size,

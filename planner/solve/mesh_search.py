@@ -32,7 +32,14 @@ from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.solve.grid import by_bound
 from planner.solve.local import distinct_starts, local_budget, local_search
-from planner.solve.mesh import Mesh, mesh_cuts, mesh_estimate_ms, mesh_shape, stage_degrees
+from planner.solve.mesh import (
+    Mesh,
+    mesh_cuts,
+    mesh_estimate_ms,
+    mesh_shape,
+    shape_mesh,
+    stage_degrees,
+)
 from planner.solve.mesh_grid import mesh_grid
 from planner.solve.mesh_local import degree_moves, mesh_moves
 from planner.solve.options import (
@@ -125,8 +132,7 @@ def mesh_schedules(search: Search, c: PlanShape, schedules: Sequence[str]) -> li
     """
     if c.virtual_stages > 1:
         return []
-    st0 = c.stages[0]
-    mesh = Mesh(st0.tensor_parallel, st0.sequence_parallel)
+    mesh = shape_mesh(c)
     ranges = [s.layers for s in c.stages]
     devs = [s.devices for s in c.stages]
     mb, m = c.microbatch_size, c.num_microbatches
