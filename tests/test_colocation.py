@@ -90,6 +90,23 @@ def test_ctrl_c_stops_the_companions() -> None:
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 
 
+def test_a_companion_whose_profiler_is_already_gone_ends_at_once() -> None:
+    """A Ctrl-C in the moment between starting a companion and its asking to die with the
+    profiler left it computing for seconds (hostile pass, 2026-11-28): it checks."""
+    import subprocess
+    import sys
+
+    config = CompanionConfig(str(MLP), [1], warmup=10**6).to_json()
+    start = time.monotonic()
+    done = subprocess.run(  # names pid 0 as its profiler: not its parent, gone
+        [sys.executable, "-m", "planner.profile.companions", config, "0"],
+        cwd=ROOT,
+        timeout=60,
+        capture_output=True,
+    )
+    assert done.returncode == 1 and time.monotonic() - start < 30
+
+
 def test_a_companion_that_fails_is_named(tmp_path: Path) -> None:
     config = CompanionConfig(str(tmp_path / "gone.py"), [1])
     with pytest.raises(RunFailed) as info, Companions(config, 1) as companions:

@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import IO
 
 from planner.errors import InputError, RunFailed
+from planner.profile.isolated import die_with_parent
 
 __all__ = ["READY", "CompanionConfig", "Companions", "main"]
 
@@ -128,7 +129,13 @@ class Companions:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "planner.profile.companions", self.config.to_json()],
+                [
+                    sys.executable,
+                    "-m",
+                    "planner.profile.companions",
+                    self.config.to_json(),
+                    str(os.getpid()),  # the companion ends at once if this one is gone
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -207,17 +214,6 @@ class Companions:
         self.procs, self.logs, self.ready = [], [], set()
 
 
-def _die_with_parent() -> None:
-    # Linux: the kernel kills this companion if the profiler dies, so none outlives it.
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
 def _train_forever(config: CompanionConfig, ready: IO[str]) -> None:
     """The model's training step on every size in turn, until the process is stopped."""
     from planner.profile.loader import load_model_file
@@ -255,14 +251,17 @@ def _train_forever(config: CompanionConfig, ready: IO[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m planner.profile.companions CONFIG_JSON``: what :class:`Companions` starts.
+    """``python -m planner.profile.companions CONFIG_JSON [PARENT_PID]``: what
+    :class:`Companions` starts. It dies with the profiler (Linux), and ends at once where the
+    profiler is already gone (it started in a session of its own: a Ctrl-C of the
+    profiler's reaches it only through the profiler).
 
     Example::
 
         python -m planner.profile.companions '{"model": "examples/gpt.py", "sizes": [1, 2]}'
     """
     args = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
+    die_with_parent(int(args[1]) if len(args) > 1 else None)
     # The ready line goes to the pipe; anything the model prints goes to the log.
     ready = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
