@@ -465,6 +465,10 @@ def test_cli_writes_an_analytic_profile(tmp_path: Path, capsys: pytest.CaptureFi
         (["--analytic", "--gpu", "h100-sxm", "--min-time", "0"], "--min-time"),
         (["--analytic", "--gpu", "h100-sxm", "--timing", "pass"], "--timing"),
         (["--analytic", "--gpu", "h100-sxm", "--colocate", "2"], "--colocate"),
+        # given at its default value is given all the same (hostile pass)
+        (["--analytic", "--gpu", "h100-sxm", "--min-time", "2"], "--min-time"),
+        (["--analytic", "--gpu", "h100-sxm", "--repeat", "5"], "--repeat"),
+        (["--analytic", "--gpu", "h100-sxm", "--device", "cpu"], "--device"),
         (["--analytic", "--gpu", "nowhere/gpu.yaml"], ""),
     ],
 )

@@ -236,8 +236,9 @@ def run_analytic(
     """``pipeplan profile --analytic``: check everything, count the model built on the meta
     device (planner/profile/analytic.py), write the profile atomically.
 
-    ``measuring`` holds the measuring flags as given (``--device``, ``--repeat``, ...);
-    any that differs from its default is refused: an analytic profile measures nothing.
+    ``measuring`` holds the measuring flags given on the command line (``--device``,
+    ``--repeat``, ...) with their values; any of them is refused, even at its default
+    value: an analytic profile measures nothing.
 
     Example::
 
@@ -247,21 +248,13 @@ def run_analytic(
     from rich.console import Console
 
     err = console or Console(stderr=True)
-    defaults = {
-        "--device": "cpu",
-        "--repeat": 5,
-        "--min-time": MIN_TIME_S,
-        "--warmup": 2,
-        "--timing": None,
-        "--colocate": 1,
-    }
-    for flag, value in (measuring or {}).items():
-        if value != defaults.get(flag):
-            raise InputError(
-                f"an analytic profile runs the model on no device and times nothing; drop "
-                f"{flag} (the GPU is named with --gpu)",
-                field=flag,
-            )
+    if measuring:  # given at all: an analytic profile has nothing to apply it to
+        flag = next(iter(measuring))
+        raise InputError(
+            f"an analytic profile runs the model on no device and times nothing; drop "
+            f"{flag} (the GPU is named with --gpu)",
+            field=flag,
+        )
     if gpu is None:
         from planner.gpus import catalog_names
 
@@ -336,6 +329,7 @@ def register(app: typer.Typer) -> None:
 
 
 def profile(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., help="The model.py to profile.", show_default=False),
     sizes: str = typer.Option(
         "1,2,4", "-b", "--microbatch-sizes", help="Microbatch sizes to measure, comma-separated."
@@ -467,14 +461,17 @@ def profile(
             capture=capture,
             precision=precision,
             threads=threads,
-            measuring={
-                "--device": device,
-                "--repeat": repeat,
-                "--min-time": min_time,
-                "--warmup": warmup,
-                "--timing": timing,
-                "--colocate": colocate,
-            },
+            measuring=_given(
+                ctx,
+                {
+                    "--device": ("device", device),
+                    "--repeat": ("repeat", repeat),
+                    "--min-time": ("min_time", min_time),
+                    "--warmup": ("warmup", warmup),
+                    "--timing": ("timing", timing),
+                    "--colocate": ("colocate", colocate),
+                },
+            ),
             tensor_parallel=request,
             console=err,
             show_progress=not quiet and not as_json,
@@ -553,3 +550,18 @@ def _size(n: int) -> str:
 def _has_means(m: Measurement) -> bool:
     """Whether the measurement's times are means beside medians (planner.profile.means)."""
     return any(t.median for t in m.layers)
+
+
+def _given(ctx: typer.Context, flags: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    """Of ``flags`` (flag: (parameter name, value)), those the command line gave, with
+    their values, whatever the value (``--repeat 5`` is given, though 5 is the default).
+
+    Example::
+
+        _given(ctx, {"--repeat": ("repeat", 5)})   # {} for `pipeplan profile m.py --analytic`
+    """
+    return {
+        flag: value
+        for flag, (name, value) in flags.items()
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"
+    }

@@ -41,7 +41,6 @@ from types import TracebackType
 from typing import IO
 
 from planner.errors import InputError, RunFailed
-from planner.profile.isolated import die_with_parent
 
 __all__ = ["READY", "CompanionConfig", "Companions", "main"]
 
@@ -260,6 +259,9 @@ def main(argv: list[str] | None = None) -> None:
 
         python -m planner.profile.companions '{"model": "examples/gpt.py", "sizes": [1, 2]}'
     """
+    # Here, not at the top: `python -m planner.profile.isolated` imports this module first.
+    from planner.profile.isolated import die_with_parent
+
     args = sys.argv[1:] if argv is None else argv
     die_with_parent(int(args[1]) if len(args) > 1 else None)
     # The ready line goes to the pipe; anything the model prints goes to the log.
