@@ -50,6 +50,15 @@ def test_unprofiled_microbatch_size_is_named() -> None:
         (lambda d: d.update(edges=[[2, 1]]), "edges[0]"),
         (lambda d: d["measurements"][0]["layers"][1].update(mean={"fwd": 1.0}), "mean.fwd"),
         (lambda d: d["measurements"][0]["layers"][1].update(mean={"forward_ms": -1}), "mean"),
+        (
+            lambda d: d["measurements"][0]["layers"][1].update(spread={"forward_ms": [0.5]}),
+            "spread",
+        ),
+        (lambda d: d["measurements"][0]["layers"][1].update(spread={"forward_ms": []}), "spread"),
+        (
+            lambda d: d["measurements"][0]["layers"][1].update(spread={"forward_ms": [0.9, 0.1]}),
+            "layers[1].spread.forward_ms",
+        ),
     ],
 )
 def test_bad_profiles_name_the_field(tmp_path: Path, mutate, field: str) -> None:  # type: ignore[no-untyped-def]
@@ -87,5 +96,5 @@ def test_a_median_edited_outside_its_spread_is_used_as_written(tmp_path: Path) -
     """A measured median lies between its quartiles; one outside them was edited by hand."""
     t = _measured(tmp_path, {"forward_ms": 5.0})
     assert t.forward_ms == 5.0 and t.median == {}
-    assert "mean" not in t.to_dict()
+    assert "mean" not in t.to_dict() and "forward_ms" not in t.spread  # not measured around 5
     assert _measured(tmp_path, {"forward_ms": 1.3}).forward_ms == 1.2  # at the quartile: measured

@@ -10,7 +10,8 @@ with the means: read in, each field holds its mean and ``median`` keeps the file
 which is written back in its place.
 
 A median outside its own spread (``spread``'s quartiles) cannot have been measured with
-it: the field was edited by hand, so it is used as written and that mean is dropped.
+it: the field was edited by hand, so it is used as written and that mean and spread are
+dropped.
 Entries without ``mean`` (analytic and imported profiles, files written before it) are read
 as they are.
 
@@ -66,7 +67,10 @@ def take_means(timing: Timed) -> None:
         median = float(getattr(timing, name))
         ends = timing.spread.get(name) or []
         if len(ends) == 2 and not min(ends) <= median <= max(ends):
-            continue  # edited by hand: the field as written
+            # Edited by hand: the field as written, and the spread, which was not
+            # measured around it, dropped (the band would reach back to it otherwise).
+            del timing.spread[name]
+            continue
         medians[name] = median
         setattr(timing, name, mean)
     timing.median = medians

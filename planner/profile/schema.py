@@ -341,10 +341,13 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
     sizes = [m.microbatch_size for m in top.measurements]
     if len(set(sizes)) != len(sizes):
         raise InputError(f"microbatch sizes repeat: {sizes}", file=source, field="measurements")
-    for m in top.measurements:
-        for t in m.layers:
+    for k, m in enumerate(top.measurements):
+        for i, t in enumerate(m.layers):
+            where = f"measurements[{k}].layers[{i}]"
+            _check_spread(t.spread, source, where)
             take_means(t)
-            for shard in t.sharded.values():
+            for key, shard in t.sharded.items():
+                _check_spread(shard.spread, source, f"{where}.sharded.{key}")
                 take_means(shard)
     settings, meta = split_meta(top.meta, file=source)
     return Profile(
@@ -363,6 +366,17 @@ def profile_from_dict(data: Any, *, source: str = "<profile>") -> Profile:
         tensor_parallel=_tensor_parallel(top, source),
         settings=settings,
     )
+
+
+def _check_spread(spread: dict[str, list[float]], source: str, where: str) -> None:
+    """Each spread is [first quartile, third quartile], the first not above the second."""
+    for name, (low, high) in spread.items():
+        if low > high:
+            raise InputError(
+                f"expected [first quartile, third quartile], ascending; got {[low, high]}",
+                file=source,
+                field=f"{where}.spread.{name}",
+            )
 
 
 _OPTIMIZER = Kind("an optimizer", lambda value: check_optimizer(value, field=""))

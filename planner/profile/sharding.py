@@ -100,9 +100,10 @@ TIMING_NAMES = ("forward_ms", "backward_ms", "backward_input_ms", "backward_weig
 """The timings of a layer (and of a shard) that a profile measures."""
 
 Spread = Annotated[
-    dict[str, Annotated[list[Milliseconds], Length(0, 2)]], Keys(OneOf(TIMING_NAMES))
+    dict[str, Annotated[list[Milliseconds], Length(2, 2)]], Keys(OneOf(TIMING_NAMES))
 ]
-"""Each timing's spread over the repeats: ``{"forward_ms": [p25, p75], ...}``."""
+"""Each timing's spread over the repeats: ``{"forward_ms": [p25, p75], ...}`` (ascending:
+checked where a profile is read)."""
 
 Means = Annotated[dict[str, Milliseconds], Keys(OneOf(TIMING_NAMES))]
 """Each timing's mean over the repeats, beside its median: ``{"forward_ms": 1.2871, ...}``
