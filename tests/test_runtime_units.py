@@ -87,23 +87,25 @@ def test_calibration_scales_each_stage_to_what_was_measured() -> None:
     assert _profile().measurements[0].layers[0].forward_ms == 1.0  # the input is untouched
 
 
-def test_calibration_scales_a_tensor_parallel_stage_s_shards() -> None:
-    """A TP stage is timed from its shard's entry: calibrating it scales that entry (and the
-    other degrees' and the whole layer's), so the calibrated stage predicts the measured."""
+def test_calibration_scales_the_layers_shards_and_refuses_a_tensor_parallel_plan() -> None:
+    """A plain plan's measured speed scales each layer's tensor-parallel shards as well (a
+    later solve may split the layer); a TP plan's measured times hold its collectives,
+    which scaling the shards by would count twice: refused, as `run --calibrate` does."""
     from planner.cost import synthetic_profile, synthetic_tensor_parallel
-    from planner.runtime.calibrate import stage_compute_ms
 
     profile = synthetic_tensor_parallel(synthetic_profile(4, forward_ms=1.0), (2,))
-    stages = parse_stages("0-1:a+b;2-3:c")
+    stages = parse_stages("0-1:a;2-3:c")
     plan = Plan(FileRef("x"), FileRef("y"), 1, 4, stages, build_schedule("1f1b", stages, 4))
-    before = stage_compute_ms(profile, plan)
     out = calibrated_profile(profile, plan, {"F0": 3.0, "B0": 6.0, "F1": 4.0, "B1": 8.0})
-    assert stage_compute_ms(out, plan) == {0: pytest.approx(9.0), 1: pytest.approx(12.0)}
-    assert before[0] != pytest.approx(9.0)
-    t = out.measurements[0].layers[0]
-    shard = profile.measurements[0].layers[0].sharded["tp2"]
-    assert t.sharded["tp2"].forward_ms == pytest.approx(3.0 / 2) != shard.forward_ms
-    assert t.forward_ms == pytest.approx(1.0 * 3.0 / (2 * shard.forward_ms))
+    for i, rf in ((0, 1.5), (2, 2.0)):  # stage 0 profiles F = 2 x 1.0, stage 1 likewise
+        before, after = profile.measurements[0].layers[i], out.measurements[0].layers[i]
+        assert after.forward_ms == pytest.approx(rf * before.forward_ms)
+        shard, scaled = before.sharded["tp2"], after.sharded["tp2"]
+        assert scaled.forward_ms == pytest.approx(round(rf * shard.forward_ms, 4))
+    grouped = parse_stages("0-1:a+b;2-3:c")
+    tp_plan = Plan(FileRef("x"), FileRef("y"), 1, 4, grouped, build_schedule("1f1b", grouped, 4))
+    with pytest.raises(InputError, match="stage 0 is tensor parallel"):
+        calibrated_profile(profile, tp_plan, {"F0": 3.0, "B0": 6.0})
 
 
 def test_streamed_2bw_versions() -> None:

@@ -4,10 +4,11 @@ For every stage the run measured the median forward (``F``) and backward (``B``,
 ``I`` and ``W`` halves) time. The profile predicts them as the sum of the stage's layers
 (plus one forward in the backward of a recompute stage). Each layer of the stage is
 scaled by the stage's measured / predicted ratio - forward and backward separately - in
-every measurement of the profile (a tensor-parallel stage's shard entries too: it is timed
-from them), so solving again with the calibrated profile plans with
-what the hardware really did (including the runtime's own per-action overhead). Each
-timing's spread is scaled with it, so plans from the calibrated profile keep a band.
+every measurement of the profile (its tensor-parallel shard entries too), so solving
+again with the calibrated profile plans with what the hardware really did (including the
+runtime's own per-action overhead). Each timing's spread is scaled with it, so plans from
+the calibrated profile keep a band; a tensor-parallel plan is refused (its measured times
+hold the collectives the simulator adds).
 
 Example::
 
@@ -21,6 +22,7 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 
+from planner.errors import InputError
 from planner.plan import Plan, StageSpec
 from planner.profile.schema import LayerTiming, Profile
 from planner.profile.settings import Calibration
@@ -90,14 +92,23 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
 
         calibrated_profile(profile, plan, report.stage_ms).save("calibrated.json")
     """
+    grouped = [st.id for st in plan.stages if st.tensor_parallel > 1]
+    if grouped:
+        raise InputError(
+            f"stage {grouped[0]} is tensor parallel: its measured times hold the group's "
+            "collectives, which the simulator adds from the topology, so scaling the "
+            "profile's shard times by them would count the collectives twice; calibrate "
+            "with a plan without tensor parallelism",
+            field="--calibrate",
+        )
     ratios = stage_ratios(profile, plan, stage_ms)
     out = copy.deepcopy(profile)
     for stage in plan.stages:
         rf, rb = ratios[stage.id]
         for measurement in out.measurements:
             for t in measurement.layers[stage.first : stage.last + 1]:
-                # The whole layer and its tensor-parallel shards alike: a TP stage is
-                # simulated from its shard's entry, another plan may use the layer whole.
+                # The layer and its tensor-parallel shards alike: a later solve may split
+                # it, and the speed the run measured applies to its shards as well.
                 _scale(t, rf, rb)
                 for shard in t.sharded.values():
                     _scale(shard, rf, rb)
@@ -116,13 +127,13 @@ def calibrated_profile(profile: Profile, plan: Plan, stage_ms: Mapping[str, floa
 
 def _scale(t: LayerTiming | ShardTiming, rf: float, rb: float) -> None:
     """``t``'s forward times by ``rf`` and backward ones by ``rb``, with their spread (so
-    plans from the calibrated profile keep a band) and the file's medians."""
-    t.forward_ms *= rf
-    t.backward_ms *= rb
-    t.backward_input_ms *= rb
-    t.backward_weight_ms *= rb
-    t.spread = {
-        name: [x * (rf if name == "forward_ms" else rb) for x in ends]
-        for name, ends in t.spread.items()
-    }
-    t.median = {name: x * (rf if name == "forward_ms" else rb) for name, x in t.median.items()}
+    plans from the calibrated profile keep a band) and the file's medians, rounded to
+    0.1 us as the profiler writes them."""
+
+    def scaled(name: str, x: float) -> float:
+        return round(x * (rf if name == "forward_ms" else rb), 4)
+
+    for name in ("forward_ms", "backward_ms", "backward_input_ms", "backward_weight_ms"):
+        setattr(t, name, scaled(name, getattr(t, name)))
+    t.spread = {name: [scaled(name, x) for x in ends] for name, ends in t.spread.items()}
+    t.median = {name: scaled(name, x) for name, x in t.median.items()}
