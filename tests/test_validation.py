@@ -307,3 +307,21 @@ def test_cli_output_errors_still_name_their_flag(
         ": -o:",
         "does not exist",
     )
+
+
+def test_a_bad_partition_names_the_flag_the_file_or_the_plan_it_came_from(
+    plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The partition is checked where the flag is not known; the line names it all the same
+    (hostile pass: `stages[1].devices: ...` alone before)."""
+    base = ["simulate", "--profile", str(tmp_path / "p.json"), "-m", "4", "--no-gantt"]
+    line = _refused([*base, "--stages", "0-1:a;2-3:a"], capsys, "stages[1].devices")
+    assert line.startswith("pipeplan: error: --stages: ")
+    stages_file = tmp_path / "st.yaml"
+    stages_file.write_text("- {layers: [0, 1], devices: [a]}\n- {layers: [3, 3], devices: [b]}\n")
+    _refused([*base, "--stages", str(stages_file)], capsys, f"{stages_file}: stages[1].layers")
+    data = json.loads(plan_file.read_text())
+    data["stages"][1]["devices"] = ["a"]
+    bad_plan = tmp_path / "bad-plan.json"
+    bad_plan.write_text(json.dumps(data))
+    _refused(["simulate", "--plan", str(bad_plan), "--no-gantt"], capsys, str(bad_plan))

@@ -9,7 +9,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -419,18 +421,19 @@ def simulate_command(
     outs = Outputs(_given_files(profile, topology, plan_file, stages, schedule))
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         outs.file(path, flag)
-    got = _resolve(
-        profile, topology, stages, schedule, num_microbatches, microbatch_size, recompute,
-        virtual_stages, step_ms, plan_file, (sequence_parallel, sharding), recompute_layers,
-    )  # fmt: skip
-    outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
-    specs, step_ms = got.stages, got.step_ms
-    if isinstance(got.schedule, str):  # before the schedule is built
-        check_schedule_size(len(specs), got.num_microbatches, field="--microbatches")
-    result = simulate(
-        got.profile, got.topology, specs, got.schedule, got.num_microbatches, got.microbatch_size,
-        virtual_stages=virtual_stages, step_ms=step_ms,
-    )  # fmt: skip
+    with _naming_stages(_stages_source(stages, plan_file)):
+        got = _resolve(
+            profile, topology, stages, schedule, num_microbatches, microbatch_size, recompute,
+            virtual_stages, step_ms, plan_file, (sequence_parallel, sharding), recompute_layers,
+        )  # fmt: skip
+        outs.add_inputs([("the profile", got.profile_path), ("the topology", got.topology_path)])
+        specs, step_ms = got.stages, got.step_ms
+        if isinstance(got.schedule, str):  # before the schedule is built
+            check_schedule_size(len(specs), got.num_microbatches, field="--microbatches")
+        result = simulate(
+            got.profile, got.topology, specs, got.schedule, got.num_microbatches,
+            got.microbatch_size, virtual_stages=virtual_stages, step_ms=step_ms,
+        )  # fmt: skip
     band = prediction_band(got.profile, got.topology, specs, result, step_ms=step_ms)
     if output is not None:
         outs.write_json(output, _plan_data(result, got, output, band))
@@ -441,6 +444,36 @@ def simulate_command(
     note = plan_colocation_note(got.profile, got.topology, specs)
     if note is not None:
         terminal.console(stderr=True).print(f"warning: {note}")
+
+
+def _stages_source(stages: str | None, plan_file: Path | None) -> str | None:
+    """What a stage's error names: the --stages file, the flag for a text, or the plan."""
+    if stages is not None:
+        path = Path(stages)
+        return (
+            stages
+            if path.suffix.lower() in (".json", ".yaml", ".yml") or _exists(path)
+            else "--stages"
+        )
+    return None if plan_file is None else str(plan_file)
+
+
+@contextlib.contextmanager
+def _naming_stages(source: str | None) -> Iterator[None]:
+    """An error about ``stages[i]`` that names no file names ``source`` (the checks of the
+    partition run where the flag is not known).
+
+    Example::
+
+        with _naming_stages("--stages"):
+            validate_stages(specs, profile.num_layers, topology)
+    """
+    try:
+        yield
+    except InputError as exc:
+        if exc.file is None and source is not None and (exc.field or "").startswith("stages"):
+            exc.file = source
+        raise
 
 
 def _given_files(
