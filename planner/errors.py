@@ -11,9 +11,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from planner.terminal import printable
 
-__all__ = ["MAX_MESSAGE_CHARS", "InfeasibleError", "InputError", "RunFailed"]
+__all__ = ["MAX_MESSAGE_CHARS", "InfeasibleError", "InputError", "RunFailed", "naming_file"]
 
 MAX_MESSAGE_CHARS = 1000
 """Characters of one error line: every message of pipeplan's own is far shorter; a value
@@ -44,6 +47,24 @@ class InputError(Exception):
             cut = len(text) - MAX_MESSAGE_CHARS + 40
             text = f"{text[: MAX_MESSAGE_CHARS - 40]}... ({cut:,} more characters)"
         return text
+
+
+@contextlib.contextmanager
+def naming_file(source: str | None, prefix: str = "stages") -> Iterator[None]:
+    """An InputError about a field under ``prefix`` that names no file names ``source``
+    (a check that runs where the file or flag is not known, e.g. a partition's).
+
+    Example::
+
+        with naming_file("--stages"):
+            validate_stages(specs, profile.num_layers, topology)
+    """
+    try:
+        yield
+    except InputError as exc:
+        if exc.file is None and source is not None and (exc.field or "").startswith(prefix):
+            exc.file = source
+        raise
 
 
 class InfeasibleError(InputError):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from planner.errors import InputError
+from planner.errors import InputError, naming_file
 from planner.fileio import check_input_file
 from planner.outputs import Outputs
 from planner.plan import Plan
@@ -123,21 +123,23 @@ def run_command(
     if in_torchrun():
         from planner.runtime.runner import run_this_rank
 
-        report = run_this_rank(
-            plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
-            threads=threads, lr=lr, precision=precision, return_params=save_params is not None,
-            count_collectives=count_collectives,
-        )  # fmt: skip
+        with naming_file(str(plan_path)):  # a stage the model cannot run: the plan's field
+            report = run_this_rank(
+                plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
+                threads=threads, lr=lr, precision=precision,
+                return_params=save_params is not None, count_collectives=count_collectives,
+            )  # fmt: skip
         if report is None:  # not rank 0: rank 0 prints
             return
     else:
         from planner.runtime.runner import run_plan
 
-        report = run_plan(
-            plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
-            threads=threads, lr=lr, device_map=device_map, precision=precision,
-            return_params=save_params is not None, count_collectives=count_collectives,
-        )  # fmt: skip
+        with naming_file(str(plan_path)):  # a stage the model cannot run: the plan's field
+            report = run_plan(
+                plan_path, model, steps=steps, warmup=warmup, device=device, timeout_s=timeout,
+                threads=threads, lr=lr, device_map=device_map, precision=precision,
+                return_params=save_params is not None, count_collectives=count_collectives,
+            )  # fmt: skip
     # A failed rank (RunFailed) is exit 1 and Ctrl-C exit 130, in planner.cli.main.
     outputs = _write_outputs(outs, report, plan_path, trace, calibrate, save_params)
     if as_json:

@@ -9,9 +9,7 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +18,7 @@ import typer
 
 from planner import terminal
 from planner.datafile import read_data
-from planner.errors import InputError
+from planner.errors import InputError, naming_file
 from planner.fileio import check_input_file, json_text
 from planner.limits import (
     MAX_LAYERS,
@@ -421,7 +419,7 @@ def simulate_command(
     outs = Outputs(_given_files(profile, topology, plan_file, stages, schedule))
     for path, flag in ((output, "-o"), (svg, "--svg"), (html, "--html"), (trace, "--trace")):
         outs.file(path, flag)
-    with _naming_stages(_stages_source(stages, plan_file)):
+    with naming_file(_stages_source(stages, plan_file)):
         got = _resolve(
             profile, topology, stages, schedule, num_microbatches, microbatch_size, recompute,
             virtual_stages, step_ms, plan_file, (sequence_parallel, sharding), recompute_layers,
@@ -456,24 +454,6 @@ def _stages_source(stages: str | None, plan_file: Path | None) -> str | None:
             else "--stages"
         )
     return None if plan_file is None else str(plan_file)
-
-
-@contextlib.contextmanager
-def _naming_stages(source: str | None) -> Iterator[None]:
-    """An error about ``stages[i]`` that names no file names ``source`` (the checks of the
-    partition run where the flag is not known).
-
-    Example::
-
-        with _naming_stages("--stages"):
-            validate_stages(specs, profile.num_layers, topology)
-    """
-    try:
-        yield
-    except InputError as exc:
-        if exc.file is None and source is not None and (exc.field or "").startswith("stages"):
-            exc.file = source
-        raise
 
 
 def _given_files(

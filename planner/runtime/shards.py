@@ -93,7 +93,15 @@ def shard_stages(
         if st.id not in meshes or st.last >= split.num_layers or covered != split.num_layers:
             continue  # not this rank's; a split that does not fit is refused by the caller
         names = stage_module_names(model, split.stage(st.first, st.last))
-        shard_captured(captured, meshes[st.id].tp_mesh, st.tensor_parallel, only=names)
+        try:
+            shard_captured(captured, meshes[st.id].tp_mesh, st.tensor_parallel, only=names)
+        except InputError as err:  # the profiler's words (--tensor-parallel); the plan's field
+            if err.field != "--tensor-parallel":
+                raise
+            raise InputError(
+                f"{err.message} (the model file {user.path})",
+                field=f"stages[{st.id}].tensor_parallel",
+            ) from None
     return split
 
 
