@@ -171,3 +171,24 @@ def test_static_overflow_means_no_recompute_fits() -> None:
             if over:
                 assert any(b > 300 * 2**20 for b in res.memory_bytes.values()), case
     assert said[True] and said[False]
+
+
+@pytest.mark.parametrize("topo_name", ["hetero", "dgx1-v100"])
+def test_a_shared_share_memo_gives_the_same_bounds(topo_name: str) -> None:
+    """search_bound_ms with one memo across many plans (stages met again under other
+    schedules, microbatch counts and neighbours, as a search's sweep meets them) gives
+    the bound it gives without one, to the bit; the memo is reused."""
+    topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
+    rng = random.Random(f"memo-{topo_name}")
+    names = topo.device_names()
+    profile = random_profile(6, 3, sizes=(1, 2))
+    memo: dict = {}
+    looked = 0
+    for _ in range(40):
+        stages = _random_plan(rng, profile.num_layers, names)
+        for schedule in GENERATED:
+            m = rng.choice([4, 8])
+            fresh = search_bound_ms(profile, topo, stages, schedule, m, 1)
+            assert search_bound_ms(profile, topo, stages, schedule, m, 1, memo) == fresh
+            looked += len(stages)
+    assert 0 < len(memo) < looked

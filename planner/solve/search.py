@@ -36,7 +36,7 @@ from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
 from planner.simulate.timing import OverLimit
-from planner.solve.bounds import overflows_memory, search_bound_ms
+from planner.solve.bounds import ShareMemo, overflows_memory, search_bound_ms
 from planner.solve.memory import UnitMemo, fix_recompute, recompute_units, with_recompute
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
@@ -108,6 +108,8 @@ class Search:
     passed: dict[PlanShape, str] = field(default_factory=dict)
     # Each recomputing stage's checkpoint unit, worked out once (memory.recompute_units).
     units: UnitMemo = field(default_factory=dict)
+    # Each stage's share of the work in the bounds, worked out once (bounds.search_bound_ms).
+    shares: ShareMemo = field(default_factory=dict)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
@@ -136,7 +138,9 @@ class Search:
             return math.inf  # fits with no recompute: never beats a plan that fits
         specs = [s.with_recompute(False) for s in cand.stages]
         m, mb = cand.num_microbatches, cand.microbatch_size
-        bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
+        bound = search_bound_ms(
+            self.profile, self.topology, specs, cand.schedule, m, mb, self.shares
+        )
         return bound / cand.samples
 
     def bound_as_given(self, cand: PlanShape) -> float:
@@ -152,9 +156,10 @@ class Search:
             return math.inf
         m, mb = cand.num_microbatches, cand.microbatch_size
         stages = list(cand.stages)
-        return search_bound_ms(self.profile, self.topology, stages, cand.schedule, m, mb) / (
-            cand.samples
+        bound = search_bound_ms(
+            self.profile, self.topology, stages, cand.schedule, m, mb, self.shares
         )
+        return bound / cand.samples
 
     def pass_over(self, cand: PlanShape, origin: str) -> None:
         """Leave ``cand`` unsimulated for now: a tuned peer (``origin``) whose bound shows
