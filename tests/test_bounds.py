@@ -15,6 +15,7 @@ from planner.errors import InputError
 from planner.plan import StageSpec
 from planner.profile.tied import TiedParameter
 from planner.simulate import simulate
+from planner.solve import bounds
 from planner.solve.bounds import busy_bound_ms, search_bound_ms
 from planner.topology import load_topology, uniform_topology
 
@@ -173,11 +174,16 @@ def test_static_overflow_means_no_recompute_fits() -> None:
     assert said[True] and said[False]
 
 
+@pytest.mark.parametrize("limit", [2048, 5])
 @pytest.mark.parametrize("topo_name", ["hetero", "dgx1-v100"])
-def test_a_shared_share_memo_gives_the_same_bounds(topo_name: str) -> None:
+def test_a_shared_share_memo_gives_the_same_bounds(
+    topo_name: str, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """search_bound_ms with one memo across many plans (stages met again under other
     schedules, microbatch counts and neighbours, as a search's sweep meets them) gives
-    the bound it gives without one, to the bit; the memo is reused."""
+    the bound it gives without one, to the bit; the memo is reused, and emptied past its
+    size (``limit``: 5 empties it often)."""
+    monkeypatch.setattr(bounds, "SHARE_MEMO_SIZE", limit)
     topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
     rng = random.Random(f"memo-{topo_name}")
     names = topo.device_names()
@@ -192,3 +198,4 @@ def test_a_shared_share_memo_gives_the_same_bounds(topo_name: str) -> None:
             assert search_bound_ms(profile, topo, stages, schedule, m, 1, memo) == fresh
             looked += len(stages)
     assert 0 < len(memo) < looked
+    assert len(memo) <= limit + 4 * len(names)

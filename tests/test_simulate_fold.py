@@ -218,7 +218,7 @@ def test_fsdp_over_limit_peaks_fold_to_the_full_peaks(schedule: str, virtual: in
 
 
 def test_gathered_programs_are_made_once() -> None:
-    """CompiledShape.gathered: gather_first_forwards' programs, the same object each time;
+    """CompiledShape.gathered_once: gather_first_forwards' programs, the same object each time;
     kept_work: the gathered programs' work at the kept indices."""
     from planner.schedule import build_schedule
     from planner.simulate.program import compile_programs, gather_first_forwards
@@ -228,8 +228,9 @@ def test_gathered_programs_are_made_once() -> None:
     shape = _shape([names[:2], names[2:]], "1f1b", 4, sharding="fsdp")
     sched = build_schedule("1f1b", list(shape.stages), 4)
     compiled = CompiledShape(compile_programs(sched, list(shape.stages), names, 4))
-    once = compiled.gathered([0, 1], 4)
-    assert once is compiled.gathered([0, 1], 4)
+    once = compiled.gathered_once([0, 1], 4)
+    assert once is compiled.gathered_once([0, 1], 4)
+    assert compiled.gathered([0, 1], 4).programs == once.programs
     assert once.programs == gather_first_forwards(compiled.programs, [0, 1], 4)
     assert once.programs != compiled.programs
     kept = compiled.kept_work((0, 2), [0, 1], 4)

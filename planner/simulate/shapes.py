@@ -94,16 +94,27 @@ class CompiledShape:
     def gathered(self, stages: Sequence[int], num_microbatches: int) -> CompiledShape:
         """These programs with the first forward of an iteration of each of ``stages``
         (FSDP stages) in its gather slot (:func:`planner.simulate.program.
-        gather_first_forwards`), made once per ``stages`` and microbatch count.
+        gather_first_forwards`). Made afresh each time for every device's programs (kept,
+        they would double a cached shape's memory), once for a fold's replica 0
+        (:meth:`gathered_once`).
 
         Example::
 
             shape.gathered([0], 8).programs[0][0][3]   # 6: F0.0 gathers first
         """
+        return CompiledShape(gather_first_forwards(self.programs, stages, num_microbatches))
+
+    def gathered_once(self, stages: Sequence[int], num_microbatches: int) -> CompiledShape:
+        """:meth:`gathered`, made once per ``stages`` and microbatch count (for the small
+        programs of a fold's replica 0).
+
+        Example::
+
+            once.gathered_once([0], 8) is once.gathered_once([0], 8)   # True
+        """
         key = (tuple(stages), num_microbatches)
         if key not in self._gathered:
-            moved = gather_first_forwards(self.programs, stages, num_microbatches)
-            self._gathered[key] = CompiledShape(moved)
+            self._gathered[key] = self.gathered(stages, num_microbatches)
         return self._gathered[key]
 
     def kept_work(

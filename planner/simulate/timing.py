@@ -494,7 +494,7 @@ def _run_folded(
     once = CompiledShape(fold.programs) if fold.compiled is None else fold.compiled
     fold.compiled = once
     if tables.gathering:
-        once = once.gathered(tables.gathering, num_microbatches)
+        once = once.gathered_once(tables.gathering, num_microbatches)
     links = None
     if topology is not None:
         whole = shape if not tables.gathering else None

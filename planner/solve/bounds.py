@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from planner.topology import Topology
 
 __all__ = [
+    "SHARE_MEMO_SIZE",
     "ShareMemo",
     "busy_bound_ms",
     "overflows_memory",
@@ -79,8 +80,10 @@ class _Share:
     step_ms: float
 
 
-# Each stage's shares (:func:`_shares`) by (stage, microbatches, microbatch size).
+# Each stage's shares (:func:`_shares`) by (stage, microbatches, microbatch size); emptied
+# past SHARE_MEMO_SIZE rows (a row holds a share per replica: hundreds on big clusters).
 ShareMemo = dict[tuple[StageSpec, int, int], list[_Share]]
+SHARE_MEMO_SIZE = 2048
 
 
 def _shares(
@@ -101,6 +104,8 @@ def _shares(
         return [
             _stage_shares(profile, topology, st, num_microbatches, microbatch_size) for st in stages
         ]
+    if len(memo) > SHARE_MEMO_SIZE:
+        memo.clear()  # a sweep meets its stages again soon after; this bounds the memory
     out = []
     for st in stages:
         key = (st, num_microbatches, microbatch_size)
