@@ -472,16 +472,18 @@ CALIBRATION_ROW = "145.6B"
 # fp16 runs deferred their optimizer steps in the compiled programs (planner/simulate/
 # deferred.py) rather than expanding every device's action list, the 18.4B's took 52 s,
 # the 39.1B's ten minutes and the 76.1B's outgrew a 23 GB VM.
-# 145.6B (1,536 GPUs, 2,304 microbatches of 1): 192 s / 2.6 GB before FSDP's over-limit
-# peaks were folded and the search kept its bound shares and checkpoint units; 174 s at
-# load 7-9 after (1,447 simulations, the same plan; time.process_time, 2026-11-28),
-# vs_megatron 1.18. --all only (minutes each, and over the ~4 GB RSS a default solve may
-# take on the shared VM), CPU s at load 4-11 on 2026-11-28 before the bound-share memo:
+# 145.6B (1,536 GPUs, 2,304 microbatches of 1; time.process_time, 2026-11-28, load 3-4,
+# before and after side by side): 196.7 s / 2.35 GB before FSDP's over-limit peaks were
+# folded and the search kept its bound shares and checkpoint units, 190.4 s / 2.23 GB
+# after (1,447 simulations, the same plan PP12 x DP16 x TP8 ZeRO-1 1F1B), vs_megatron
+# 1.18. --all only (minutes each, and over the ~4 GB RSS a default solve may take on the
+# shared VM), CPU s at load 4-11 on 2026-11-28 before the bound-share memo:
 # 310.1B 372 s (2,690 simulations, ~5.0 GB; vs_megatron 1.07), 1008B 736 s (6,615
-# simulations, ~5.4 GB; vs_megatron 1.14); 529.6B over 5 CPU minutes and 6 GB, not
-# finished here. Most of it: the tuned torchtitan peer's sweep (310.1B: 903 simulations,
-# 229 s), and for 1008B the local search's recompute retries (3,694 simulations, 260 s:
-# evaluate turns each of 124 recomputing chunks off in turn).
+# simulations, ~5.4 GB; vs_megatron 1.14); 529.6B stopped unfinished after 8 CPU
+# minutes at 11 GB RSS (2,520 GPUs on 315 nodes). Most of it: the tuned torchtitan
+# peer's sweep (310.1B: 903 simulations, 229 s), and for 1008B the local search's
+# recompute retries (3,694 simulations, 260 s: evaluate turns each of 124 recomputing
+# chunks off in turn).
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B")
 TOLERANCE = 0.10  # the bound on |simulated / published - 1|
 
