@@ -324,9 +324,10 @@ GPUS = [64, 128, 256, 512, 1024, 2048, 3072]
 # 1024 GPUs is issue #22's "175B on 1024 GPUs in <= 60 s on one core": its solve, profiled
 # once and timed alone (time.process_time), took 56.0 s on this project's 2-core VM with
 # another job beside it (2026-11-28, before the search kept its bound shares and checkpoint
-# units once per solve); with the VM at load 6-12, 65.5 s before that change and 60.8 s
-# after, run side by side (the same plan, PP16 x DP8 x TP8 SP ZeRO-1 1F1B, 4.503 s, 1,241
-# simulations; RSS 1.1 -> 1.35 GB). --all runs every model on every cluster (hours).
+# units once per solve); before and after that change run side by side, the VM loaded by
+# other jobs: 65.5 -> 60.8 s at load 6-12, 75.2 -> 70.9 s at load 2-6 (the same plan,
+# PP16 x DP8 x TP8 SP ZeRO-1 1F1B, 4.503 s, 1,241 simulations; RSS 1.11 -> 1.35 GB): over
+# 60 s on this VM as loaded now. --all runs every model on every cluster (hours).
 DEFAULT_GPUS: dict[str, tuple[int, ...]] = {
     "gpt3-1.3b": (64, 256, 1024, 3072),
     "gpt3-6.7b": (64, 512),
@@ -476,7 +477,8 @@ CALIBRATION_ROW = "145.6B"
 # before and after side by side): 196.7 s / 2.35 GB before FSDP's over-limit peaks were
 # folded and the search kept its bound shares and checkpoint units, 190.4 s / 2.23 GB
 # after (1,447 simulations, the same plan PP12 x DP16 x TP8 ZeRO-1 1F1B), vs_megatron
-# 1.18. --all only (minutes each, and over the ~4 GB RSS a default solve may take on the
+# 1.18; 184.4 s / 3.27 GB with the share memo bounded by shares (1M), not rows (load
+# 2-4). --all only (minutes each, and over the ~4 GB RSS a default solve may take on the
 # shared VM), CPU s at load 4-11 on 2026-11-28 before the bound-share memo:
 # 310.1B 372 s (2,690 simulations, ~5.0 GB; vs_megatron 1.07), 1008B 736 s (6,615
 # simulations, ~5.4 GB; vs_megatron 1.14); 529.6B stopped unfinished after 8 CPU

@@ -174,21 +174,18 @@ def test_static_overflow_means_no_recompute_fits() -> None:
     assert said[True] and said[False]
 
 
-@pytest.mark.parametrize("limit", [2048, 5])
+@pytest.mark.parametrize("limit", [None, 5])
 @pytest.mark.parametrize("topo_name", ["hetero", "dgx1-v100"])
-def test_a_shared_share_memo_gives_the_same_bounds(
-    topo_name: str, limit: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_shared_share_memo_gives_the_same_bounds(topo_name: str, limit: int | None) -> None:
     """search_bound_ms with one memo across many plans (stages met again under other
     schedules, microbatch counts and neighbours, as a search's sweep meets them) gives
     the bound it gives without one, to the bit; the memo is reused, and emptied past its
-    size (``limit``: 5 empties it often)."""
-    monkeypatch.setattr(bounds, "SHARE_MEMO_SIZE", limit)
+    size (``limit`` 5 shares: emptied often)."""
     topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
     rng = random.Random(f"memo-{topo_name}")
     names = topo.device_names()
     profile = random_profile(6, 3, sizes=(1, 2))
-    memo: dict = {}
+    memo = bounds.ShareMemo(limit)
     looked = 0
     for _ in range(40):
         stages = _random_plan(rng, profile.num_layers, names)
@@ -197,5 +194,6 @@ def test_a_shared_share_memo_gives_the_same_bounds(
             fresh = search_bound_ms(profile, topo, stages, schedule, m, 1)
             assert search_bound_ms(profile, topo, stages, schedule, m, 1, memo) == fresh
             looked += len(stages)
-    assert 0 < len(memo) < looked
-    assert len(memo) <= limit + 4 * len(names)
+            assert memo.held == sum(map(len, memo.rows.values()))
+            assert memo.held <= memo.limit + len(names)
+    assert 0 < len(memo.rows) < looked

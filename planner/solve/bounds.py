@@ -80,10 +80,46 @@ class _Share:
     step_ms: float
 
 
-# Each stage's shares (:func:`_shares`) by (stage, microbatches, microbatch size); emptied
-# past SHARE_MEMO_SIZE rows (a row holds a share per replica: hundreds on big clusters).
-ShareMemo = dict[tuple[StageSpec, int, int], list[_Share]]
-SHARE_MEMO_SIZE = 2048
+# How many shares (one per stage replica) a ShareMemo holds before it empties itself.
+SHARE_MEMO_SIZE = 1_000_000
+
+
+class ShareMemo:
+    """Each stage's shares (:func:`_shares`) by (stage, microbatches, microbatch size), one
+    memo per profile and topology (a search's); emptied once it holds more than ``limit``
+    shares in all (a row holds a share per replica: hundreds on big clusters), so its
+    memory stays bounded while a sweep meets its stages again soon after.
+
+    Example::
+
+        memo = ShareMemo()
+        search_bound_ms(profile, topology, stages, "1f1b", 8, 1, memo)
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = SHARE_MEMO_SIZE if limit is None else limit
+        self.rows: dict[tuple[StageSpec, int, int], list[_Share]] = {}
+        self.held = 0
+
+    def row(
+        self,
+        profile: Profile,
+        topology: Topology | None,
+        st: StageSpec,
+        num_microbatches: int,
+        microbatch_size: int,
+    ) -> list[_Share]:
+        """``st``'s row of :func:`_shares`, worked out once while kept."""
+        key = (st, num_microbatches, microbatch_size)
+        found = self.rows.get(key)
+        if found is None:
+            if self.held > self.limit:
+                self.rows.clear()
+                self.held = 0
+            found = _stage_shares(profile, topology, st, num_microbatches, microbatch_size)
+            self.rows[key] = found
+            self.held += len(found)
+        return found
 
 
 def _shares(
@@ -104,18 +140,7 @@ def _shares(
         return [
             _stage_shares(profile, topology, st, num_microbatches, microbatch_size) for st in stages
         ]
-    if len(memo) > SHARE_MEMO_SIZE:
-        memo.clear()  # a sweep meets its stages again soon after; this bounds the memory
-    out = []
-    for st in stages:
-        key = (st, num_microbatches, microbatch_size)
-        row = memo.get(key)
-        if row is None:
-            row = memo[key] = _stage_shares(
-                profile, topology, st, num_microbatches, microbatch_size
-            )
-        out.append(row)
-    return out
+    return [memo.row(profile, topology, st, num_microbatches, microbatch_size) for st in stages]
 
 
 def _stage_shares(

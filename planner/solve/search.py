@@ -109,7 +109,7 @@ class Search:
     # Each recomputing stage's checkpoint unit, worked out once (memory.recompute_units).
     units: UnitMemo = field(default_factory=dict)
     # Each stage's share of the work in the bounds, worked out once (bounds.search_bound_ms).
-    shares: ShareMemo = field(default_factory=dict)
+    shares: ShareMemo = field(default_factory=ShareMemo)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
