@@ -15,6 +15,7 @@ from planner.errors import InputError
 from planner.plan import StageSpec
 from planner.profile.tied import TiedParameter
 from planner.simulate import simulate
+from planner.solve import bounds
 from planner.solve.bounds import busy_bound_ms, search_bound_ms
 from planner.topology import load_topology, uniform_topology
 
@@ -171,3 +172,28 @@ def test_static_overflow_means_no_recompute_fits() -> None:
             if over:
                 assert any(b > 300 * 2**20 for b in res.memory_bytes.values()), case
     assert said[True] and said[False]
+
+
+@pytest.mark.parametrize("limit", [None, 5])
+@pytest.mark.parametrize("topo_name", ["hetero", "dgx1-v100"])
+def test_a_shared_share_memo_gives_the_same_bounds(topo_name: str, limit: int | None) -> None:
+    """search_bound_ms with one memo across many plans (stages met again under other
+    schedules, microbatch counts and neighbours, as a search's sweep meets them) gives
+    the bound it gives without one, to the bit; the memo is reused, and emptied past its
+    size (``limit`` 5 shares: emptied often)."""
+    topo = load_topology(ROOT / "topologies" / f"{topo_name}.yaml")
+    rng = random.Random(f"memo-{topo_name}")
+    names = topo.device_names()
+    profile = random_profile(6, 3, sizes=(1, 2))
+    memo = bounds.ShareMemo(limit)
+    looked = 0
+    for _ in range(40):
+        stages = _random_plan(rng, profile.num_layers, names)
+        for schedule in GENERATED:
+            m = rng.choice([4, 8])
+            fresh = search_bound_ms(profile, topo, stages, schedule, m, 1)
+            assert search_bound_ms(profile, topo, stages, schedule, m, 1, memo) == fresh
+            looked += len(stages)
+            assert memo.held == sum(map(len, memo.rows.values()))
+            assert memo.held <= memo.limit + len(names)
+    assert 0 < len(memo.rows) < looked

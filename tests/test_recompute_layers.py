@@ -239,3 +239,34 @@ def test_recompute_updates_batchnorm_statistics_once_per_microbatch(recompute: s
     assert int(got[2]) == 2
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_shared_memo_gives_the_units_worked_out_afresh() -> None:
+    """recompute_units with one memo over many shapes (as a search shares it: stages met
+    under other flags, schedules, microbatch counts and replicas) gives, stage by stage,
+    what it gives without one; each layer and the whole stage both chosen somewhere."""
+    import itertools
+    import random
+
+    profiles = [
+        synthetic_profile(8, output_bytes=100, saved_bytes=3000),
+        synthetic_profile(8, output_bytes=100, saved_bytes=150),
+        _hand_profile(),
+    ]
+    rng = random.Random(7)
+    chosen = set()
+    for prof in profiles:
+        memo: dict = {}
+        n = prof.num_layers
+        for _ in range(60):
+            cuts = sorted(rng.sample(range(1, n), rng.randint(0, 3)))
+            bounds = list(zip([0, *cuts], [c - 1 for c in cuts] + [n - 1], strict=True))
+            spec = ";".join(f"{a}-{b}:d{k}a,d{k}b" for k, (a, b) in enumerate(bounds))
+            flags = [rng.random() < 0.7 for _ in bounds]
+            stages = parse_stages(spec, recompute=[k for k, f in enumerate(flags) if f])
+            for sched, m in itertools.product(("1f1b", "gpipe", "2bw"), (2, 4, 8)):
+                fresh = recompute_units(prof, stages, sched, 1, m)
+                assert recompute_units(prof, stages, sched, 1, m, memo=memo) == fresh
+                chosen |= {st.recompute_layers for st in fresh if st.recompute}
+        assert memo
+    assert chosen == {True, False}

@@ -190,3 +190,49 @@ def test_over_limit_peaks_fold_to_the_full_peaks(schedule: str, virtual: int) ->
         simulate_shape(profile, tight, shape, over_limit=True)
     assert over.value.memory == full
     assert list(over.value.memory) == list(full)
+
+
+@pytest.mark.parametrize(("schedule", "virtual"), [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fsdp_over_limit_peaks_fold_to_the_full_peaks(schedule: str, virtual: int, tp: int) -> None:
+    """FSDP stages (the first forward of an iteration gathers the weights): the peaks
+    check_memory reports from replica 0's gathered programs are the full run's, device by
+    device, on pipe-major and replica-major placements."""
+    profile = _tp_profile()
+    names = _names(16)
+    for depth in (2, 4):
+        r = 16 // (depth * tp)
+        for groups in (
+            [names[k * r * tp : (k + 1) * r * tp] for k in range(depth)],
+            [[d for j in range(r) for d in names[(j * depth + k) * tp : (j * depth + k + 1) * tp]]
+             for k in range(depth)],
+        ):  # fmt: skip
+            shape = _shape(groups, schedule, 2 * r, tp=tp, sharding="fsdp", virtual=virtual)
+            topo = _cluster(2)
+            full = simulate_shape(profile, topo, shape).memory_bytes
+            tight = topo.with_memory(min(full.values()) - 1)
+            with pytest.raises(timing.OverLimit) as over:
+                simulate_shape(profile, tight, shape, over_limit=True)
+            assert over.value.memory == full
+            assert list(over.value.memory) == list(full)
+
+
+def test_gathered_programs_are_made_once() -> None:
+    """CompiledShape.gathered_once: gather_first_forwards' programs, the same object each time;
+    kept_work: the gathered programs' work at the kept indices."""
+    from planner.schedule import build_schedule
+    from planner.simulate.program import compile_programs, gather_first_forwards
+    from planner.simulate.shapes import CompiledShape
+
+    names = _names(4)
+    shape = _shape([names[:2], names[2:]], "1f1b", 4, sharding="fsdp")
+    sched = build_schedule("1f1b", list(shape.stages), 4)
+    compiled = CompiledShape(compile_programs(sched, list(shape.stages), names, 4))
+    once = compiled.gathered_once([0, 1], 4)
+    assert once is compiled.gathered_once([0, 1], 4)
+    assert compiled.gathered([0, 1], 4).programs == once.programs
+    assert once.programs == gather_first_forwards(compiled.programs, [0, 1], 4)
+    assert once.programs != compiled.programs
+    kept = compiled.kept_work((0, 2), [0, 1], 4)
+    assert [list(w) for w in kept] == [list(once.work[0]), list(once.work[2])]
+    assert kept is compiled.kept_work((0, 2), [0, 1], 4)

@@ -23,10 +23,23 @@ from planner.simulate.deferred import defer_steps
 from planner.simulate.fold import Fold, fold_programs
 from planner.simulate.in_order import Order, reference_order
 from planner.simulate.links import send_ways
-from planner.simulate.program import LAST_COMPUTE, STEP, Program, compile_programs
+from planner.simulate.program import (
+    LAST_COMPUTE,
+    STEP,
+    Program,
+    compile_programs,
+    gather_first_forwards,
+)
 from planner.stages import StageSpec
 
-__all__ = ["SHAPES", "SHAPE_CACHE_SIZE", "CacheInfo", "CompiledShape", "ShapeCache"]
+__all__ = [
+    "SHAPES",
+    "SHAPE_CACHE_SIZE",
+    "CacheInfo",
+    "CompiledShape",
+    "ShapeCache",
+    "work_slots",
+]
 
 # How many compiled shapes the package keeps: the solver alternates between few shapes at
 # a time, and a long stream's programs and order hold hundreds of thousands of tuples. GPT-3
@@ -47,19 +60,16 @@ class CompiledShape:
     """
 
     def __init__(self, programs: list[Program]) -> None:
-        import numpy as np  # here, as in program_totals
-
         self.programs = programs
-        self.work = [
-            np.array([e[3] for e in prog if e[0] <= LAST_COMPUTE or e[0] == STEP], dtype=np.intp)
-            for prog in programs
-        ]
+        self.work = [work_slots(prog) for prog in programs]
         self._order: Order | None = None
         self._no_order = False
         self._ways: list[int] | None = None
         self._fold: Fold | None = None
         self._no_fold = False
         self._deferred: dict[tuple[frozenset[int], int], CompiledShape | None] = {}
+        self._gathered: dict[tuple[tuple[int, ...], int], CompiledShape] = {}
+        self._kept_work: dict[tuple[tuple[int, ...], tuple[int, ...], int], list[Any]] = {}
 
     def fold(self, stages: Sequence[StageSpec], devices: list[str]) -> Fold | None:
         """Replica 0's programs where every replica's are its own shifted
@@ -81,6 +91,53 @@ class CompiledShape:
             self._deferred[key] = self if same else None if moved is None else CompiledShape(moved)
         return self._deferred[key]
 
+    def gathered(self, stages: Sequence[int], num_microbatches: int) -> CompiledShape:
+        """These programs with the first forward of an iteration of each of ``stages``
+        (FSDP stages) in its gather slot (:func:`planner.simulate.program.
+        gather_first_forwards`). Made afresh each time for every device's programs (kept,
+        they would double a cached shape's memory), once for a fold's replica 0
+        (:meth:`gathered_once`).
+
+        Example::
+
+            shape.gathered([0], 8).programs[0][0][3]   # 6: F0.0 gathers first
+        """
+        return CompiledShape(gather_first_forwards(self.programs, stages, num_microbatches))
+
+    def gathered_once(self, stages: Sequence[int], num_microbatches: int) -> CompiledShape:
+        """:meth:`gathered`, made once per ``stages`` and microbatch count (for the small
+        programs of a fold's replica 0).
+
+        Example::
+
+            once.gathered_once([0], 8) is once.gathered_once([0], 8)   # True
+        """
+        key = (tuple(stages), num_microbatches)
+        if key not in self._gathered:
+            self._gathered[key] = self.gathered(stages, num_microbatches)
+        return self._gathered[key]
+
+    def kept_work(
+        self, kept: Sequence[int], gathering: Sequence[int], num_microbatches: int
+    ) -> list[Any]:
+        """:attr:`work` of the programs at ``kept``, each with the first forward of an
+        iteration of every stage in ``gathering`` in its gather slot (as
+        :meth:`gathered`'s, for those programs alone: the move is made program by
+        program), made once per ``kept``, ``gathering`` and microbatch count.
+
+        Example::
+
+            shape.kept_work((0, 1), [0], 8)[0]   # device 0's slots, F0.0 gathering
+        """
+        if not gathering:
+            return [self.work[i] for i in kept]
+        key = (tuple(kept), tuple(gathering), num_microbatches)
+        if key not in self._kept_work:
+            mine = [self.programs[i] for i in kept]
+            moved = gather_first_forwards(mine, gathering, num_microbatches)
+            self._kept_work[key] = [work_slots(prog) for prog in moved]
+        return self._kept_work[key]
+
     def ways(self, num_keys: int, total_mb: int, num_stages: int) -> list[int]:
         """Per transfer key the way of its send (:func:`planner.simulate.links.send_ways`),
         for the event engine's link queues."""
@@ -95,6 +152,19 @@ class CompiledShape:
             self._order = reference_order(self.programs, num_keys, total_mb, num_stages)
             self._no_order = self._order is None
         return self._order
+
+
+def work_slots(prog: Program) -> Any:
+    """The slots of ``prog``'s work (compute and optimizer steps) in program order, as a
+    numpy array of indices (what :func:`planner.simulate.totals.program_totals` reads).
+
+    Example::
+
+        work_slots(shape.programs[0])   # array([0, 1, ...])
+    """
+    import numpy as np  # here, as in program_totals
+
+    return np.array([e[3] for e in prog if e[0] <= LAST_COMPUTE or e[0] == STEP], dtype=np.intp)
 
 
 class CacheInfo(NamedTuple):

@@ -33,7 +33,7 @@ from planner.simulate.fold import has_cross_ties, symmetric
 from planner.simulate.grouped import leader_schedule, with_members
 from planner.simulate.in_order import run_in_order
 from planner.simulate.links import LinkQueues, link_queues
-from planner.simulate.program import STEP, devices_of, gather_first_forwards
+from planner.simulate.program import STEP, devices_of
 from planner.simulate.result import EngineOutput, SimResult, bubble
 from planner.simulate.shapes import SHAPES, CompiledShape
 from planner.simulate.shards import check_parallel_stages
@@ -152,10 +152,7 @@ def simulate_schedule(
             result = _result(*once, topology, stages, schedule, microbatch_size, events)
             return result if run_stages is stages else with_members(result, stages, topology)
     if tables.gathering:
-        programs = gather_first_forwards(
-            shape.programs, tables.gathering, schedule.num_microbatches
-        )
-        shape = CompiledShape(programs)
+        shape = shape.gathered(tables.gathering, schedule.num_microbatches)
     run = _run_engine(engine, shape, tables, topology, total_mb, record=events)
     static = [tables.static[d] for d in tables.devices]
     peaks, busy = program_totals(shape.work, tables.durations, tables.grows, tables.shrinks, static)
@@ -224,11 +221,7 @@ def check_memory(
 
         check_memory(shape, tables, topology, 8)
     """
-    if tables.gathering:
-        programs = gather_first_forwards(shape.programs, tables.gathering, num_microbatches)
-        shape = CompiledShape(programs)
-        stages = None  # a new shape: its fold would be worked out again
-    peaks = _peaks(shape, tables, stages)
+    peaks = _peaks(shape, tables, stages, num_microbatches)
     members = tables.groups
     memory = {
         m: int(peak)
@@ -244,21 +237,27 @@ def check_memory(
 
 
 def _peaks(
-    shape: CompiledShape, tables: StageTables, stages: Sequence[StageSpec] | None
+    shape: CompiledShape,
+    tables: StageTables,
+    stages: Sequence[StageSpec] | None,
+    num_microbatches: int,
 ) -> list[int]:
-    """Every device's peak memory (:func:`~planner.simulate.totals.program_totals`): a
-    device whose program is its counterpart's in replica 0 shifted has the same
-    allocations in the same order, so its peak is its static memory plus the
-    counterpart's rise above its own."""
+    """Every device's peak memory (:func:`~planner.simulate.totals.program_totals`), FSDP
+    stages' first forwards in their gather slots: a device whose program is its
+    counterpart's in replica 0 shifted has the same allocations in the same order (its
+    first forward of a stage in an iteration is at the same place in its program, so the
+    gather moves with it), so its peak is its static memory plus the counterpart's rise
+    above its own."""
     static = [tables.static[d] for d in tables.devices]
     fold = None if stages is None else shape.fold(stages, tables.devices)
     if fold is None:
+        whole = shape.gathered(tables.gathering, num_microbatches) if tables.gathering else shape
         peaks, _ = program_totals(
-            shape.work, tables.durations, tables.grows, tables.shrinks, static
+            whole.work, tables.durations, tables.grows, tables.shrinks, static
         )
         return peaks
     kept = fold.kept
-    work = [shape.work[i] for i in kept]
+    work = shape.kept_work(kept, tables.gathering, num_microbatches)
     rises, _ = program_totals(
         work, [tables.durations[i] for i in kept], tables.grows, tables.shrinks, [0] * len(kept)
     )
@@ -495,8 +494,7 @@ def _run_folded(
     once = CompiledShape(fold.programs) if fold.compiled is None else fold.compiled
     fold.compiled = once
     if tables.gathering:
-        gathered = gather_first_forwards(once.programs, tables.gathering, num_microbatches)
-        once = CompiledShape(gathered)
+        once = once.gathered_once(tables.gathering, num_microbatches)
     links = None
     if topology is not None:
         whole = shape if not tables.gathering else None

@@ -58,7 +58,14 @@ from planner.simulate.tables import compute_times, step_table
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["busy_bound_ms", "overflows_memory", "pipeline_bound_ms", "search_bound_ms"]
+__all__ = [
+    "SHARE_MEMO_SIZE",
+    "ShareMemo",
+    "busy_bound_ms",
+    "overflows_memory",
+    "pipeline_bound_ms",
+    "search_bound_ms",
+]
 
 
 @dataclass(frozen=True)
@@ -73,38 +80,94 @@ class _Share:
     step_ms: float
 
 
+# How many shares (one per stage replica) a ShareMemo holds before it empties itself.
+SHARE_MEMO_SIZE = 1_000_000
+
+
+class ShareMemo:
+    """Each stage's shares (:func:`_shares`) by (stage, microbatches, microbatch size), one
+    memo per profile and topology (a search's); emptied once it holds more than ``limit``
+    shares in all (a row holds a share per replica: hundreds on big clusters), so its
+    memory stays bounded while a sweep meets its stages again soon after.
+
+    Example::
+
+        memo = ShareMemo()
+        search_bound_ms(profile, topology, stages, "1f1b", 8, 1, memo)
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = SHARE_MEMO_SIZE if limit is None else limit
+        self.rows: dict[tuple[StageSpec, int, int], list[_Share]] = {}
+        self.held = 0
+
+    def row(
+        self,
+        profile: Profile,
+        topology: Topology | None,
+        st: StageSpec,
+        num_microbatches: int,
+        microbatch_size: int,
+    ) -> list[_Share]:
+        """``st``'s row of :func:`_shares`, worked out once while kept."""
+        key = (st, num_microbatches, microbatch_size)
+        found = self.rows.get(key)
+        if found is None:
+            if self.held > self.limit:
+                self.rows.clear()
+                self.held = 0
+            found = _stage_shares(profile, topology, st, num_microbatches, microbatch_size)
+            self.rows[key] = found
+            self.held += len(found)
+        return found
+
+
 def _shares(
     profile: Profile,
     topology: Topology | None,
     stages: Sequence[StageSpec],
     num_microbatches: int,
     microbatch_size: int,
+    memo: ShareMemo | None = None,
 ) -> list[list[_Share]]:
     """Per stage, per device in its order: its share of the iteration (microbatch ``k``
     of a stage with ``r`` replicas runs on replica ``k % r``). Replicas of one speed share
     one :func:`~planner.cost.stage_times`. A tensor-parallel or sharded stage's shares are
-    the simulator's own tables' (per group leader)."""
-    out = []
-    for st in stages:
-        if not st.is_plain:
-            out.append(_group_shares(profile, topology, st, num_microbatches, microbatch_size))
-            continue
-        r = len(st.devices)
-        reduce_ms = _allreduce_ms(profile, topology, st)
-        by_speed: dict[float, tuple[StageTimes, float]] = {}
-        row = []
-        for j, dev in enumerate(st.devices):
-            speed = topology.device(dev).speed if topology is not None else 1.0
-            hit = by_speed.get(speed)
-            if hit is None:
-                t = stage_times(
-                    profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
-                )
-                hit = by_speed[speed] = (t, stage_step_ms(profile, st.first, st.last, speed=speed))
-            count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
-            row.append(_Share(dev, count, hit[0], reduce_ms, hit[1]))
-        out.append(row)
-    return out
+    the simulator's own tables' (per group leader). ``memo`` (one per profile and
+    topology: a search's) keeps each stage's row by the stage and the microbatches: the
+    candidates of a sweep share most of their stages."""
+    if memo is None:
+        return [
+            _stage_shares(profile, topology, st, num_microbatches, microbatch_size) for st in stages
+        ]
+    return [memo.row(profile, topology, st, num_microbatches, microbatch_size) for st in stages]
+
+
+def _stage_shares(
+    profile: Profile,
+    topology: Topology | None,
+    st: StageSpec,
+    num_microbatches: int,
+    microbatch_size: int,
+) -> list[_Share]:
+    """One stage's row of :func:`_shares`."""
+    if not st.is_plain:
+        return _group_shares(profile, topology, st, num_microbatches, microbatch_size)
+    r = len(st.devices)
+    reduce_ms = _allreduce_ms(profile, topology, st)
+    by_speed: dict[float, tuple[StageTimes, float]] = {}
+    row = []
+    for j, dev in enumerate(st.devices):
+        speed = topology.device(dev).speed if topology is not None else 1.0
+        hit = by_speed.get(speed)
+        if hit is None:
+            t = stage_times(
+                profile, st.first, st.last, microbatch_size, speed=speed, recompute=st.recompute
+            )
+            hit = by_speed[speed] = (t, stage_step_ms(profile, st.first, st.last, speed=speed))
+        count = num_microbatches // r + (1 if j < num_microbatches % r else 0)
+        row.append(_Share(dev, count, hit[0], reduce_ms, hit[1]))
+    return row
 
 
 def _group_shares(
@@ -276,18 +339,20 @@ def search_bound_ms(
     schedule: str,
     num_microbatches: int,
     microbatch_size: int,
+    memo: ShareMemo | None = None,
 ) -> float:
     """A lower bound of the simulated iteration for a named schedule: the larger of
     :func:`busy_bound_ms` and :func:`pipeline_bound_ms` (flushing schedules), and where a
     device holds several stages (interleaved) of :func:`planner.simulate.lower_bound_ms`
     too (one microbatch's critical path, transfers included); 2bw (no flush):
-    :func:`busy_bound_ms` and the simulator's bound.
+    :func:`busy_bound_ms` and the simulator's bound. ``memo``: each stage's share of the
+    work kept for the next call (one dict per profile and topology, a search's).
 
     Example::
 
         search_bound_ms(profile, topology, stages, "1f1b", 8, 4)
     """
-    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size)
+    shares = _shares(profile, topology, stages, num_microbatches, microbatch_size, memo)
     busy = _busy(shares)
     flush = family(schedule).flush
     shared = len({d for st in stages for d in st.devices}) < sum(len(st.devices) for st in stages)

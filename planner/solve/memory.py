@@ -27,7 +27,12 @@ from planner.stages import StageSpec
 if TYPE_CHECKING:
     from planner.topology import Topology
 
+# recompute_units' choices by (the stage recomputing, microbatch size, microbatches held
+# per replica, weight versions): True where each layer is checkpointed on its own.
+UnitMemo = dict[tuple[StageSpec, int, int, int], bool]
+
 __all__ = [
+    "UnitMemo",
     "fix_recompute",
     "held_per_replica",
     "in_flight",
@@ -128,12 +133,17 @@ def recompute_units(
     mb: int,
     num_microbatches: int,
     virtual: int = 1,
+    memo: UnitMemo | None = None,
 ) -> tuple[StageSpec, ...]:
     """The stages, each recomputing one checkpointed in the unit whose peak memory is
     lower on one of its devices: every layer on its own (``recompute_layers``: the layers'
     inputs kept, one layer rebuilt at a time; transformer blocks) or the whole stage (its
     input kept, all rebuilt at once; layers that save little beyond their output). Both
     cost one forward more, so memory alone decides; a tie keeps the whole stage.
+    ``memo`` (one per profile: a search's :attr:`~planner.solve.search.Search.units`)
+    keeps each stage's choice by what it depends on (the stage, the microbatch size, the
+    microbatches it holds, the weight versions), so a shape whose flags change one stage
+    at a time works out the others once.
 
     Example::
 
@@ -142,22 +152,30 @@ def recompute_units(
     count = len(stages)
     rounds = replica_round([st.replicas for st in stages], num_microbatches)
     versions = weight_versions(schedule)
+    memo = {} if memo is None else memo
     out = []
     for k, st in enumerate(stages):
         if not st.recompute:
             out.append(st)
             continue
         held = held_per_replica(schedule, count, k, num_microbatches, st.replicas, virtual, rounds)
-        whole, each = st.with_recompute(True), st.with_recompute(True, layers=True)
-        need_whole = member_memory_bytes(profile, whole, mb, held, weight_versions=versions)
-        need_each = member_memory_bytes(profile, each, mb, held, weight_versions=versions)
-        out.append(each if need_each < need_whole else whole)
+        whole = st.with_recompute(True)
+        key = (whole, mb, held, versions)
+        layers = memo.get(key)
+        if layers is None:
+            each = st.with_recompute(True, layers=True)
+            need_whole = member_memory_bytes(profile, whole, mb, held, weight_versions=versions)
+            need_each = member_memory_bytes(profile, each, mb, held, weight_versions=versions)
+            layers = memo[key] = need_each < need_whole
+        out.append(st.with_recompute(True, layers=True) if layers else whole)
     return tuple(out)
 
 
-def with_recompute(profile: Profile, shape: PlanShape, flags: Sequence[bool]) -> PlanShape:
+def with_recompute(
+    profile: Profile, shape: PlanShape, flags: Sequence[bool], memo: UnitMemo | None = None
+) -> PlanShape:
     """``shape`` with its stages' recompute switched to ``flags``, each recomputing stage in
-    the unit that peaks lower (:func:`recompute_units`).
+    the unit that peaks lower (:func:`recompute_units`, with ``memo``).
 
     Example::
 
@@ -171,6 +189,7 @@ def with_recompute(profile: Profile, shape: PlanShape, flags: Sequence[bool]) ->
         shape.microbatch_size,
         shape.num_microbatches,
         shape.virtual_stages,
+        memo,
     )
     return PlanShape(
         stages, shape.schedule, shape.microbatch_size, shape.num_microbatches, shape.virtual_stages

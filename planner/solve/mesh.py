@@ -188,7 +188,7 @@ def mesh_shape(
     if recompute is None:
         recompute = mesh_recompute(search, stages, schedule, mb, m, virtual)
     stages = tuple(st.with_recompute(bool(rc)) for st, rc in zip(stages, recompute, strict=True))
-    stages = recompute_units(search.profile, stages, schedule, mb, m, virtual)
+    stages = recompute_units(search.profile, stages, schedule, mb, m, virtual, search.units)
     return PlanShape(stages, schedule, mb, m, virtual)
 
 

@@ -36,8 +36,8 @@ from planner.profile.schema import Profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
 from planner.simulate.timing import OverLimit
-from planner.solve.bounds import overflows_memory, search_bound_ms
-from planner.solve.memory import fix_recompute, recompute_units, with_recompute
+from planner.solve.bounds import ShareMemo, overflows_memory, search_bound_ms
+from planner.solve.memory import UnitMemo, fix_recompute, recompute_units, with_recompute
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
 
@@ -106,6 +106,10 @@ class Search:
     results: dict[PlanShape, SimResult] = field(default_factory=dict)
     # Shapes a tuned peer left unsimulated (:meth:`pass_over`), with that peer's origin.
     passed: dict[PlanShape, str] = field(default_factory=dict)
+    # Each recomputing stage's checkpoint unit, worked out once (memory.recompute_units).
+    units: UnitMemo = field(default_factory=dict)
+    # Each stage's share of the work in the bounds, worked out once (bounds.search_bound_ms).
+    shares: ShareMemo = field(default_factory=ShareMemo)
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
@@ -134,7 +138,9 @@ class Search:
             return math.inf  # fits with no recompute: never beats a plan that fits
         specs = [s.with_recompute(False) for s in cand.stages]
         m, mb = cand.num_microbatches, cand.microbatch_size
-        bound = search_bound_ms(self.profile, self.topology, specs, cand.schedule, m, mb)
+        bound = search_bound_ms(
+            self.profile, self.topology, specs, cand.schedule, m, mb, self.shares
+        )
         return bound / cand.samples
 
     def bound_as_given(self, cand: PlanShape) -> float:
@@ -150,9 +156,10 @@ class Search:
             return math.inf
         m, mb = cand.num_microbatches, cand.microbatch_size
         stages = list(cand.stages)
-        return search_bound_ms(self.profile, self.topology, stages, cand.schedule, m, mb) / (
-            cand.samples
+        bound = search_bound_ms(
+            self.profile, self.topology, stages, cand.schedule, m, mb, self.shares
         )
+        return bound / cand.samples
 
     def pass_over(self, cand: PlanShape, origin: str) -> None:
         """Leave ``cand`` unsimulated for now: a tuned peer (``origin``) whose bound shows
@@ -203,7 +210,9 @@ class Search:
         if not scored.fits and scored.runs:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
             flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
-            retry = self.simulate_as_given(with_recompute(self.profile, cand, flags), origin)
+            retry = self.simulate_as_given(
+                with_recompute(self.profile, cand, flags, self.units), origin
+            )
             if retry.key() < scored.key():
                 scored = retry
         if scored.fits:
@@ -211,7 +220,7 @@ class Search:
                 if stage.recompute:
                     flags = [s.recompute for s in scored.shape.stages]
                     flags[k] = False
-                    shape = with_recompute(self.profile, scored.shape, flags)
+                    shape = with_recompute(self.profile, scored.shape, flags, self.units)
                     retry = self.simulate_as_given(shape, origin)
                     if retry.key() < scored.key():
                         scored = retry
@@ -349,5 +358,7 @@ def make_shape(
         StageSpec(i, (int(a), int(b)), tuple(d), bool(rc))
         for i, ((a, b), d, rc) in enumerate(zip(ranges, devices, recompute, strict=True))
     )
-    stages = recompute_units(search.profile, stages, schedule, mb, num_microbatches, virtual)
+    stages = recompute_units(
+        search.profile, stages, schedule, mb, num_microbatches, virtual, search.units
+    )
     return PlanShape(stages, schedule, mb, num_microbatches, virtual)
