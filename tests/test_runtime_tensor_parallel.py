@@ -33,6 +33,7 @@ from planner.cli import main
 from planner.errors import InputError
 from planner.fileio import sha256_file
 from planner.plan import FileRef, Plan, Prediction, parse_stages
+from planner.profile import Profile
 from planner.profile.shard_measure import profile_with_shards
 from planner.profile.tensor_parallel import parse_tensor_parallel
 from planner.runtime import RunReport, run_plan
@@ -121,6 +122,18 @@ def _sent(report: RunReport) -> dict[tuple[str, str, str, int], int]:
     return {(c.device, c.peer, c.kind, c.microbatch): c.bytes for c in report.collectives if c.peer}
 
 
+def _gpt_tp2_profile(tmp_path: Path, *, sequence_parallel: bool) -> tuple[Profile, FileRef]:
+    """The tiny GPT profiled (untimed) with its TP2 shards, saved under ``tmp_path``, and
+    the reference a plan holds to it."""
+    profile = profile_with_shards(
+        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=sequence_parallel),
+        repeat=1, warmup=0, min_time_s=0,
+    )  # fmt: skip
+    path = tmp_path / "tiny_gpt.json"
+    profile.save(path)
+    return profile, FileRef(str(path), sha256_file(path))
+
+
 def _counted(report: RunReport) -> dict[tuple[str, int, int, str], list[tuple[str, int]]]:
     """The collectives a run recorded, per (device, stage, microbatch, phase), in order."""
     counted: dict[tuple[str, int, int, str], list[tuple[str, int]]] = {}
@@ -194,13 +207,7 @@ def test_collectives_counted_at_run_time_are_the_profiles_and_the_simulators(
     profile lists for that layer (operation, bytes, phase, in order), on every member, and
     the simulator's per-microbatch collective time of the stage is those collectives'
     time on the group's ring; the run is exact too."""
-    profile = profile_with_shards(
-        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
-        repeat=1, warmup=0, min_time_s=0,
-    )  # fmt: skip
-    path = tmp_path / "tiny_gpt.json"
-    profile.save(path)
-    ref = FileRef(str(path), sha256_file(path))
+    profile, ref = _gpt_tp2_profile(tmp_path, sequence_parallel=True)
     plan = parallel_plan("0:{0};1:{1};2:{0};3:{1}".format(*GROUPS), "interleaved", profile=ref)
     plan = dataclasses.replace(plan, stages=with_parallelism(plan.stages, sequence_parallel=True))
     plan = dataclasses.replace(plan, schedule=build_schedule("interleaved", plan.stages, M))
@@ -365,14 +372,8 @@ def test_a_tp2_stage_before_a_plain_one_counts_the_simulators_collectives(
     """GPT at TP2 -> TP1, 1F1B (3 processes): exact, and each microbatch's forward and
     backward on each member of the TP2 stage issue the collectives its layers' profile
     lists, which the simulator times; the plain stage issues none."""
-    profile = profile_with_shards(
-        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2"), repeat=1, warmup=0, min_time_s=0
-    )
-    path = tmp_path / "tiny_gpt.json"
-    profile.save(path)
-    plan = parallel_plan(
-        "0-1:cpu0+cpu1;2-3:cpu2", "1f1b", profile=FileRef(str(path), sha256_file(path))
-    )
+    profile, ref = _gpt_tp2_profile(tmp_path, sequence_parallel=False)
+    plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2", "1f1b", profile=ref)
     report = run_exactly(GPT, plan, "momentum", count_collectives=True)
     topology = tmp_path / "four.yaml"
     topology.write_text(TOPOLOGY)
@@ -407,13 +408,7 @@ def test_a_tp2_sp_stage_before_a_plain_one_counts_the_simulators_collectives_and
     each member its half's gradient)."""
     from planner.simulate.reshard import piece_bytes, split_parts
 
-    profile = profile_with_shards(
-        GPT, [MBS], tensor_parallel=parse_tensor_parallel("2", sequence_parallel=True),
-        repeat=1, warmup=0, min_time_s=0,
-    )  # fmt: skip
-    path = tmp_path / "tiny_gpt.json"
-    profile.save(path)
-    ref = FileRef(str(path), sha256_file(path))
+    profile, ref = _gpt_tp2_profile(tmp_path, sequence_parallel=True)
     plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2", "1f1b", sequence_parallel=True, profile=ref)
     report = run_exactly(GPT, plan, "momentum", count_collectives=True)
     counted = _counted(report)
