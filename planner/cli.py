@@ -31,7 +31,7 @@ from planner import __version__
 from planner.errors import InputError, RunFailed
 from planner.interrupts import Interrupted, handle_signals
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "refuse_empty"]
 
 app = typer.Typer(
     name="pipeplan",
@@ -84,6 +84,25 @@ def fail(message: str, *, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def refuse_empty(args: Sequence[str]) -> None:
+    """InputError naming the option whose value is an empty or blank string (``--calibrate
+    ""`` would otherwise be read as the current folder, ``--tensor-parallel ""`` as no
+    degree): no option or argument of pipeplan takes an empty value.
+
+    Example::
+
+        refuse_empty(["run", "plan.json", "--calibrate", ""])   # InputError naming --calibrate
+    """
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("--") and eq and not value.strip():
+            raise InputError("expected a value, got an empty string", field=flag)
+        if not arg.strip():
+            before = args[i - 1] if i else ""
+            field = before if before.startswith("-") and "=" not in before else "argument"
+            raise InputError("expected a value, got an empty string", field=field)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``pipeplan`` console script.
 
@@ -95,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     try:
+        refuse_empty(args)
         with handle_signals():
             # The commands import torch (seconds on a loaded machine): a Ctrl-C then is
             # handled as during the command itself.

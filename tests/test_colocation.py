@@ -22,7 +22,7 @@ from planner.profile.colocation import (
     load_note,
     profile_colocation,
 )
-from planner.profile.companions import CompanionConfig, Companions
+from planner.profile.companions import CompanionConfig, Companions, check_companion_memory
 from planner.profile.measure import profile_model
 from planner.runtime.placement import place
 from planner.runtime.runner import colocation_notes
@@ -123,6 +123,14 @@ def test_colocate_counts_are_checked(value: object) -> None:
     with pytest.raises(InputError, match="CPU processes"):
         check_colocate(2, "cuda")
     assert check_colocate(MAX_COLOCATE, "cpu") == MAX_COLOCATE
+
+
+def test_companions_that_cannot_fit_in_memory_are_refused() -> None:
+    check_companion_memory(1)  # one companion needs what this process holds: it fits
+    # a million copies of this process (torch imported) exceed any host's memory
+    with pytest.raises(InputError, match=r"1000000 companion processes need at least") as info:
+        check_companion_memory(10**6)
+    assert info.value.field == "--colocate" and "\n" not in info.value.one_line()
 
 
 def test_the_cli_refuses_a_bad_colocate_before_measuring(

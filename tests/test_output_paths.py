@@ -437,6 +437,26 @@ def test_run_calibrate_without_the_plans_profile_is_refused_before_the_model_loa
     assert not marker.exists() and not (case / "c.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["run", "{plan}", "--steps", "1", "--calibrate", ""], "--calibrate"),
+        (["simulate", "--plan", "{plan}", "--trace="], "--trace"),
+        (["solve", "", "--topology", "{plan}"], "argument"),
+        (["export", "{plan}", "--to", "torch", "-o", " "], "-o"),
+    ],
+)
+def test_an_empty_value_is_refused_naming_its_option(
+    case: Path, capsys: pytest.CaptureFixture[str], args: list[str], flag: str
+) -> None:
+    """An empty value is never read as the current folder (Path("") is "."): one line
+    naming the option, before anything runs or is written."""
+    before = _snapshot(case)
+    line = _refused([a.format(plan=case / "plan.json") for a in args], capsys)
+    assert f"{flag}: expected a value, got an empty string" in line, line
+    assert _snapshot(case) == before
+
+
 def test_a_write_that_fails_after_its_checks_is_one_line_exit_1_and_leaves_nothing(
     case: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

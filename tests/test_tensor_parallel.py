@@ -386,6 +386,8 @@ def test_profile_command_refuses_a_model_without_a_plan(
         (["--tensor-parallel", "2"], "examples/mlp.py: --tensor-parallel: defines no tp_plan()"),
         (["--sequence-parallel"], "--sequence-parallel: sequence parallelism splits"),
         (["--tensor-parallel", "1"], "--tensor-parallel: expected an integer from 2 to 1,024"),
+        (["--tensor-parallel", ""], "--tensor-parallel: expected a value, got an empty string"),
+        (["--tensor-parallel="], "--tensor-parallel: expected a value, got an empty string"),
     ]:
         with pytest.raises(SystemExit) as info:
             main(["profile", "examples/mlp.py", "-b", "1", "-o", str(out), *args])

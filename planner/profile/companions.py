@@ -42,7 +42,7 @@ from typing import IO
 
 from planner.errors import InputError, RunFailed
 
-__all__ = ["READY", "CompanionConfig", "Companions", "main"]
+__all__ = ["READY", "CompanionConfig", "Companions", "check_companion_memory", "main"]
 
 READY = "ready"
 # Seconds a companion may take to import torch, build the model and warm up.
@@ -69,6 +69,49 @@ class CompanionConfig:
     @classmethod
     def from_json(cls, text: str) -> CompanionConfig:
         return cls(**json.loads(text))
+
+
+def check_companion_memory(count: int, *, field: str = "--colocate") -> None:
+    """InputError when ``count`` companions cannot fit in the host's available memory: each
+    needs at least what this process holds now (torch imported, the model file loaded; it
+    then builds the model and trains it too), so the check refuses only what must fail.
+    Nothing is checked where ``/proc`` cannot tell.
+
+    Example::
+
+        check_companion_memory(1)   # passes on any machine that runs pipeplan
+    """
+    each, available = _rss_bytes(), _available_bytes()
+    if each is None or available is None or count * each <= available:
+        return
+    gib = 1024**3
+    raise InputError(
+        f"{count} companion processes need at least {count * each / gib:.1f} GiB (each at "
+        f"least this process's {each / gib:.2f} GiB) and {available / gib:.1f} GiB is "
+        "available; give fewer processes",
+        field=field,
+    )
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory now (``/proc/self/statm``)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _available_bytes() -> int | None:
+    """The host's available memory (``MemAvailable`` in ``/proc/meminfo``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class Companions:

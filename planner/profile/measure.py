@@ -79,7 +79,7 @@ from planner.precision import autocast as precision_autocast
 from planner.precision import check_precision
 from planner.profile.batch_dependence import batch_dependent_modules
 from planner.profile.colocation import Colocation, busy_cores, check_colocate
-from planner.profile.companions import CompanionConfig, Companions
+from planner.profile.companions import CompanionConfig, Companions, check_companion_memory
 from planner.profile.loader import UserModel, load_model_file
 from planner.profile.means import measured
 from planner.profile.pass_timing import (
@@ -373,6 +373,7 @@ def _companions(
     """The started companions of a co-located profile (None for one process)."""
     if settings.colocate <= 1:
         return None
+    check_companion_memory(settings.colocate - 1)
     config = CompanionConfig(
         str(user.path), sizes, threads, settings.precision, optimizer, settings.warmup + 1
     )
