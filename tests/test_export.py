@@ -237,6 +237,13 @@ def test_export_torchtitan_toml(tmp_path: Path) -> None:
     rows = Path(par["pipeline_parallel_schedule_csv"]).read_text().splitlines()
     assert all("SEND" not in r and "RECV" not in r for r in rows)  # torchtitan lowers comms
     assert rows[0].startswith("0F0,0F1,")
+    assert not any("earlier export" in note for note in result.notes)
+    # the torch export into the same folder names torchtitan's files left there
+    again = export_plan(plan, "torch", tmp_path / "titan")
+    assert again.notes[-1] == (
+        f"{tmp_path / 'titan'} also holds torchtitan.toml, torchtitan_config.py from an earlier "
+        "export (not part of this one): remove them"
+    )
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "check_model_file",
     "check_tensor_parallel",
     "export_plan",
+    "stale_files",
 ]
 
 TARGETS = ("torch", "torchtitan")
@@ -145,6 +147,34 @@ def check_model_file(plan: str, model: str) -> str:
     return check_model(load_export_source(plan), model)
 
 
+# Every name an export writes (torch's and torchtitan's), to find an earlier export's files.
+_EXPORT_NAMES = (
+    "schedule.csv",
+    "schedule-dp*.csv",
+    "schedule_compute.csv",
+    "schedule_compute-dp*.csv",
+    "pipeline.json",
+    "train_pipeline.py",
+    "torchtitan.toml",
+    "torchtitan_config.py",
+)
+
+
+def stale_files(folder: Path, written: Sequence[Path]) -> list[Path]:
+    """Files in ``folder`` named as an export names its files but not among ``written``:
+    left by an earlier export into the same folder (a ``torchtitan.toml`` from a plan with
+    other settings, ``schedule-dp3.csv`` of a plan with more replicas). Export does not
+    remove them; it names them in a note.
+
+    Example::
+
+        stale_files(Path("plan-torch"), files)   # [PosixPath('plan-torch/schedule-dp3.csv')]
+    """
+    done = {p.resolve() for p in written}
+    found = {p for pattern in _EXPORT_NAMES for p in folder.glob(pattern) if p.is_file()}
+    return sorted(p for p in found if p.resolve() not in done)
+
+
 def export_plan(
     plan: str | os.PathLike[str],
     to: str,
@@ -193,6 +223,12 @@ def export_plan(
     else:
         notes.extend(export_torchtitan(outs, source, target))
     files = outs.commit()
+    stale = stale_files(target, files)
+    if stale:
+        notes.append(
+            f"{target} also holds {', '.join(p.name for p in stale)} from an earlier export "
+            "(not part of this one): remove them"
+        )
     layout = source.layout
     return ExportResult(
         to, target, files, layout.pp_degree, layout.dp_degree, notes, layout.tp_degree
