@@ -17,8 +17,13 @@ planned six ways, 8 microbatches each:
   run is measured whatever the solver picks.
 
 Every plan carries its band (:mod:`planner.simulate.band`). Each plan is run with ``pipeplan
-run --device cpu`` ``--rounds`` times (default 3), round robin over all plans so that a slow
-spell of the machine falls on one run of several plans rather than on every run of one.
+run --device cpu`` ``--rounds`` times (default 3), round robin over the plans so that
+a slow spell of the machine falls on one run of several plans rather than on every run of
+one. ``--order all`` (the default) profiles every model first and then runs every plan
+round robin, minutes after some of the profiles; ``--order model`` profiles each model and
+runs its plans at once, as a user runs what they just profiled (one run, 2026-11-28 10:35
+UTC, helpers stopped: worst 27.6%, median 3.0%, demo 0.957-0.984; the mlp profile, taken
+first, had a band of 125-210 ms and its rows 0.97-1.28: not adopted on that evidence).
 Per row: the median measured iteration time over the rounds / the predicted one
 (``ratio``), every round's (``round_ratios``), how many rounds fell inside the band
 (``inside``), ``ratio_no_step`` (without the measured optimizer step) and ``compute`` (the
@@ -254,6 +259,26 @@ def demo_row(runs: int, tmp: Path) -> dict[str, Any]:
     }
 
 
+# How the profiles and runs are ordered (--order), as the report's note says it.
+ORDERS = {"model": "each model run right after its profile", "all": "every profile first"}
+
+
+def run_rounds(
+    plans: list[tuple[str, str, Path]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Each plan run ``args.rounds`` times, round robin, and summarised: a slow spell of the
+    machine (seconds to minutes on a shared VM) then falls on one run of several plans,
+    not on every run of one."""
+    runs: list[list[dict[str, float]]] = [[] for _ in plans]
+    for _ in range(args.rounds):
+        for (name, _kind, path), into in zip(plans, runs, strict=True):
+            into.append(measure(name, path, args.steps))
+    return [
+        summarise(name, kind, path, got)
+        for (name, kind, path), got in zip(plans, runs, strict=True)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,cnn,gpt,hf_gpt2,hf_llama")
@@ -269,6 +294,13 @@ def main() -> None:
         default=PROFILE_MIN_TIME_S,
         help=f"profile --min-time of the examples' profiles (default {PROFILE_MIN_TIME_S:g})",
     )
+    ap.add_argument(
+        "--order",
+        choices=("model", "all"),
+        default="all",
+        help="all: every profile first, then every plan round robin; model: each model "
+        "profiled, then its plans run at once (as a user does)",
+    )
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "prediction.json"))
     ap.add_argument("--quick", action="store_true", help="mlp: solved and 1f1b, 1 round, 1 demo")
     args = ap.parse_args()
@@ -279,22 +311,19 @@ def main() -> None:
     models, rows = available_models(args.models.split(","))
     colocate = 1 if args.alone else PROCESSES
     with tempfile.TemporaryDirectory() as tmp:
-        plans = [
-            (name, kind, path)
-            for name in models
-            for kind, path in make_plans(name, Path(tmp), colocate, args.timing, args.min_time)
-            if not args.quick or kind in ("solved", "1f1b")
-        ]
-        runs: list[list[dict[str, float]]] = [[] for _ in plans]
-        # Round robin over the plans: a slow spell of the machine (seconds to minutes on a
-        # shared VM) then falls on one run of several plans, not on every run of one.
-        for _ in range(args.rounds):
-            for (name, _kind, path), into in zip(plans, runs, strict=True):
-                into.append(measure(name, path, args.steps))
-        measured = [
-            summarise(name, kind, path, got)
-            for (name, kind, path), got in zip(plans, runs, strict=True)
-        ]
+
+        def plans_of(name: str) -> list[tuple[str, str, Path]]:
+            made = make_plans(name, Path(tmp), colocate, args.timing, args.min_time)
+            return [
+                (name, kind, path)
+                for kind, path in made
+                if not args.quick or kind in ("solved", "1f1b")
+            ]
+
+        if args.order == "model":  # profile, then run at once
+            measured = [row for name in models for row in run_rounds(plans_of(name), args)]
+        else:
+            measured = run_rounds([p for name in models for p in plans_of(name)], args)
         demo = None if args.no_demo else demo_row(args.demo_runs, Path(tmp))
     rows = measured + ([demo] if demo is not None else []) + rows
     errors = sorted(abs(r["ratio"] - 1.0) for r in measured)
@@ -316,6 +345,7 @@ def main() -> None:
         "note": (
             f"Profiles {'by one process alone' if args.alone else 'co-located (2 processes)'}"
             f" (--timing {args.timing or 'layer'}, --min-time {args.min_time:g}), "
+            f"{ORDERS[args.order]}, "
             "2 CPU processes x 1 thread, "
             f"{MICROBATCHES} microbatches, {args.steps} steps after 2 warm-up, "
             f"{args.rounds} rounds; ratio = median measured / predicted."
