@@ -1,6 +1,6 @@
 """``run --calibrate``: feed measured per-stage times back into a corrected profile.
 
-For every stage the run measured the median forward (``F``) and backward (``B``, or the
+For every stage the run measured the mean forward (``F``) and backward (``B``, or the
 ``I`` and ``W`` halves) time. The profile predicts them as the sum of the stage's layers
 (plus one forward in the backward of a recompute stage). Each layer of the stage is
 scaled by the stage's measured / predicted ratio - forward and backward separately - in

@@ -52,7 +52,7 @@ class RankResult:
 
     ``step_seconds``: each measured step's time; ``losses``: per step (warm-up included),
     the unscaled loss of each microbatch of this rank's last stage; ``events``: the last
-    step's actions; ``stage_ms``: the median time of each stage action (``F0``, ``B1``,
+    step's actions; ``stage_ms``: the mean time of each stage action (``F0``, ``B1``,
     ``STEP0``...) over the measured steps and ``stage_count`` how many it saw; the peak
     memory (``memory_kind``: ``cuda_max_allocated`` or ``max_rss``); ``skipped``: per step,
     whether fp16's loss scaling skipped it; ``batch_dependent``: the model's modules whose

@@ -274,7 +274,8 @@ def worker_main(rank: int, config: WorkerConfig) -> RunResult | None:
         step_seconds=measured.step_seconds,
         losses=measured.losses,
         events=measured.last_events,
-        stage_ms={k: statistics.median(v) for k, v in measured.stage_samples.items()},
+        # Means, as the profile's times the simulator adds up (planner.profile.means).
+        stage_ms={k: statistics.fmean(v) for k, v in measured.stage_samples.items()},
         stage_count={k: len(v) for k, v in measured.stage_samples.items()},
         peak_memory_bytes=peak,
         memory_kind="cuda_max_allocated" if device.type == "cuda" else "max_rss",
