@@ -11,11 +11,13 @@ run by :func:`planner.solve.solve` when the profile has tensor-parallel entries.
    (:func:`planner.solve.mesh.mesh_estimate_ms`) go on.
 2. **By bound**: simulated in the order of the search's lower bound while it can beat the
    best plans found so far (pipeplan's plain search's included), as the plain grid is.
-3. **Local search** (:mod:`planner.solve.mesh_local`) from the best few distinct plans,
-   then from the best of them a descent over one stage's tensor-parallel degree at a time
-   (issue #22: kept only where strictly faster).
+3. **Local search** (:mod:`planner.solve.mesh_local`) from the best few distinct plans.
 4. **Schedules**: the best few under every other schedule allowed, and re-cut into 2, 3
    or 4 interleaved chunks per device, where their bound can beat the best.
+5. **Degrees**: from the best plan found, a descent over one stage's tensor-parallel
+   degree at a time (issue #22: kept only where strictly faster), and its plan under the
+   other schedules. It comes after the schedules: a plan of a degree per stage cannot be
+   interleaved, and an interleaved best has no degree moves, so it costs nothing there.
 
 Every count is in plans or simulations (never wall time), so a solve is deterministic.
 
@@ -89,25 +91,46 @@ def mesh_search(
         scored.append(
             local_search(search, start, budget if rank == 0 else budget // 6, moves=mesh_moves)
         )
-    scored.extend(_degree_descent(search, scored))
-    fitting = [x for x in [*incumbents, *scored] if x.fits]
+    seeds = distinct_starts(scored, 1 if big else INTERLEAVED_SEEDS)
+    scored.extend(_scheduled(search, seeds, [*incumbents, *scored], schedules))
+    found = _degree_descent(search, scored)
+    scored.extend(found)
+    scored.extend(_scheduled(search, found, [*incumbents, *scored], schedules))
+    return scored
+
+
+def _scheduled(
+    search: Search, seeds: Sequence[Scored], pool: Sequence[Scored], schedules: Sequence[str]
+) -> list[Scored]:
+    """Each seed under the other schedules (:func:`mesh_schedules`), simulated where its
+    bound can beat the best plan that fits in ``pool`` and in what it found so far;
+    nothing where none fits.
+
+    Example::
+
+        scored.extend(_scheduled(search, distinct_starts(scored, 1), scored, ["1f1b", "zb"]))
+    """
+    fitting = [x for x in pool if x.fits]
     if not fitting:
-        return scored
+        return []
     best = min(fitting, key=Scored.key)
-    for seed in distinct_starts(scored, 1 if big else INTERLEAVED_SEEDS):
+    out: list[Scored] = []
+    for seed in seeds:
         for cand in mesh_schedules(search, seed.shape, schedules):
             if not search.cannot_beat(cand, best):
-                scored.append(search.evaluate(cand, "mesh schedule"))
-                best = min(best, scored[-1], key=Scored.key)
-    return scored
+                out.append(search.evaluate(cand, "mesh schedule"))
+                best = min(best, out[-1], key=Scored.key)
+    return out
 
 
 def _degree_descent(search: Search, scored: Sequence[Scored]) -> list[Scored]:
     """One stage's degree changed at a time (:func:`~planner.solve.mesh_local.degree_moves`)
     from the best plan found, first improvement, with a budget of four candidates per stage
     (every single change): the local search tries them last and seldom reaches them on big
-    pipelines. The plan it returns where none is strictly faster is the one it started
-    from (no change); nothing without a fitting plan.
+    pipelines. It runs after the other schedules and the interleaved re-cuts were tried,
+    so where the best plan is interleaved (no degree moves: one chunk per device only) it
+    costs nothing. The plan it returns where none is strictly faster is the one it
+    started from (no change); nothing without a fitting plan.
 
     Example::
 

@@ -213,7 +213,9 @@ class Search:
             retry = self.simulate_as_given(
                 with_recompute(self.profile, cand, flags, self.units), origin
             )
-            if retry.key() < scored.key():
+            # The same shape (recompute was already where it overflows) is no retry: its
+            # key equals, and comparing two overflowing keys simulates their times.
+            if retry is not scored and retry.key() < scored.key():
                 scored = retry
         if scored.fits:
             for k, stage in enumerate(scored.shape.stages):
