@@ -10,14 +10,12 @@ differently in 16 bits, with a bf16-sized tolerance. fp16 must skip exactly the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from test_runtime import hard_timeout, make_plan  # noqa: F401
+from test_show import _run
 
 from planner.errors import InputError
 from planner.profile.measure import profile_model
@@ -173,32 +171,31 @@ def test_fp16_2bw_is_refused_before_a_plan_is_made() -> None:
 # -- the whole chain from the command line ---------------------------------------------
 
 
-def test_bf16_profile_solve_run_from_the_command_line(tmp_path: Path) -> None:
-    def pipeplan(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True,
-            timeout=90, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-
+def test_bf16_profile_solve_run_from_the_command_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """profile, solve and run as the command line calls them (main, in this process: the
+    ``-m planner.cli`` entry point is test_show's and test_hf_models')."""
+    monkeypatch.chdir(ROOT)
     profile, plan = tmp_path / "p.json", tmp_path / "plan.json"
-    done = pipeplan(
-        "profile", str(BF16), "-b", "2", "--precision", "bf16", "--repeat", "1",
+    code, _, err = _run(
+        capsys, "profile", str(BF16), "-b", "2", "--precision", "bf16", "--repeat", "1",
         "--warmup", "0", "--min-time", "0", "-o", str(profile), "--quiet",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert code == 0, err
     assert json.loads(profile.read_text())["precision"] == "bf16"
-    done = pipeplan(
-        "solve", "--profile", str(profile), "--topology", "topologies/cpu.yaml",
+    code, _, err = _run(
+        capsys, "solve", "--profile", str(profile), "--topology", "topologies/cpu.yaml",
         "--microbatches", "4", "-o", str(plan),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    done = pipeplan("run", str(plan), "--model", str(BF16), "--steps", "1", "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    assert code == 0, err
+    code, out, err = _run(capsys, "run", str(plan), "--model", str(BF16), "--steps", "1", "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["precision"] == "bf16" and len(report["losses"]) == 2
-    done = pipeplan("run", str(plan), "--model", str(BF16), "--precision", "fp32")
-    assert done.returncode == 2
-    assert "measured at bf16, not fp32" in done.stderr and "Traceback" not in done.stderr
+    code, _, err = _run(capsys, "run", str(plan), "--model", str(BF16), "--precision", "fp32")
+    assert code == 2
+    assert "measured at bf16, not fp32" in err and "Traceback" not in err
 
 
 # -- the simulator --------------------------------------------------------------------

@@ -345,7 +345,7 @@ def test_stages_of_different_degrees_run_equal_one_process(model: Path, stages: 
 @pytest.mark.parametrize(
     ("model", "stages"),
     [
-        pytest.param(GPT, "0-1:cpu0+cpu1;2-3:cpu2", id="gpt-tp2sp-to-tp1"),
+        # GPT TP2+SP -> TP1 alone: that run is the one the pieces test below checks exact.
         pytest.param(GPT, "0-1:cpu0+cpu1,cpu2+cpu3;2-3:cpu4,cpu5", id="gpt-tp2sp-dp2-to-tp1-dp2"),
         pytest.param(LLAMA, "0-2:cpu0;3-4:cpu1+cpu2", id="llama-tp1-to-tp2sp"),
         # The cut after layers.0 carries the mask, positions and rotary tables whole beside
@@ -411,6 +411,7 @@ def test_a_tp2_sp_stage_before_a_plain_one_counts_the_simulators_collectives_and
     profile, ref = _gpt_tp2_profile(tmp_path, sequence_parallel=True)
     plan = parallel_plan("0-1:cpu0+cpu1;2-3:cpu2", "1f1b", sequence_parallel=True, profile=ref)
     report = run_exactly(GPT, plan, "momentum", count_collectives=True)
+    assert report.world_size == 3
     counted = _counted(report)
     first, second = plan.stages
     timings = profile.measurement(MBS).layers

@@ -433,16 +433,18 @@ def _gloo_rank(rank: int, port: int, path: str, out: str) -> None:
 
 
 def test_shards_built_for_the_profile_train_like_one_process_on_gloo(tmp_path: Path) -> None:
-    """What a run will build (build_shard on a real group) is exact: examples/gpt.py at TP 2
-    on two gloo processes, with and without sequence parallelism, gives the single-process
-    loss and every gradient element."""
+    """What a run will build (build_shard on a real group) is exact: examples/gpt.py's GPT
+    and tp_plan at TP 2 on two gloo processes, with and without sequence parallelism, give
+    the single-process loss and every gradient element. At tests/models/tiny_gpt.py's size
+    (the runtime's tensor-parallel tests' model): the same modules and split, which do not
+    depend on the width (the full example took 30 s of the suite)."""
     import socket
 
     import torch.multiprocessing as mp
 
     from planner.profile.export_graph import call_for_training
 
-    path = EXAMPLES / "gpt.py"
+    path = ROOT / "tests" / "models" / "tiny_gpt.py"
     user = load_model_file(path)
     torch.manual_seed(0)
     reference = user.build()
