@@ -330,7 +330,11 @@ GPUS = [64, 128, 256, 512, 1024, 2048, 3072]
 # units once per solve); before and after that change run side by side, the VM loaded by
 # other jobs: 65.5 -> 60.8 s at load 6-12, 75.2 -> 70.9 s at load 2-6 (the same plan,
 # PP16 x DP8 x TP8 SP ZeRO-1 1F1B, 4.503 s, 1,241 simulations; RSS 1.11 -> 1.35 GB): over
-# 60 s on this VM as loaded now. --all runs every model on every cluster (hours).
+# 60 s on this VM as loaded now. With the memory floor (planner/solve/memory_floor.py: the
+# peers' sweeps and the recompute retries refuse plans that cannot fit unsimulated), profiled
+# once and the solve alone timed side by side with the base, load 6-8 (2026-11-28): 71.0 ->
+# 51.6 s CPU (46.9 s at load 4-5), 1,580 -> 335 simulations (1,245 refused), RSS 1.36 GB,
+# the same plan and peer rows. --all runs every model on every cluster (hours).
 DEFAULT_GPUS: dict[str, tuple[int, ...]] = {
     "gpt3-1.3b": (64, 256, 1024, 3072),
     "gpt3-6.7b": (64, 512),
