@@ -14,11 +14,18 @@ import pytest
 from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.errors import InputError
 from planner.profile.schema import Profile
+from planner.schedule import build_schedule
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
+from planner.simulate.tables import memory_deltas
 from planner.solve import search as search_module
 from planner.solve import solve
-from planner.solve.memory_floor import memory_floor, overflowing
+from planner.solve.memory_floor import (
+    first_backward_rises,
+    memory_floor,
+    order_prefix,
+    overflowing,
+)
 from planner.solve.peer_partitions import PeerPartitions
 from planner.solve.peers import TP_PEERS, PeerConfig
 from planner.solve.search import Search
@@ -143,3 +150,24 @@ def test_refusing_by_the_floor_changes_nothing_but_the_count(
     without, all_sims = _plan_dict(profile, topo)
     assert with_floor == without
     assert sims < all_sims
+
+
+def test_the_cut_orders_give_the_whole_orders_rises() -> None:
+    profile, topo = _profile(), _tight(12)
+    compared = 0
+    for _, shape in _shapes(profile, topo)[::7]:
+        stages = list(shape.stages)
+        m, v = shape.num_microbatches, shape.virtual_stages
+        prefix = order_prefix(shape.schedule, stages, m, v)
+        if prefix is None or memory_floor(profile, topo, shape) is None:
+            continue
+        assert order_prefix(shape.schedule, stages, m, v) is prefix  # kept
+        whole = build_schedule(shape.schedule, stages, m, virtual_stages=v).order
+        assert whole is not None
+        deltas = memory_deltas(profile, stages, shape.microbatch_size)
+        assert first_backward_rises(stages, prefix, *deltas) == first_backward_rises(
+            stages, whole, *deltas
+        )
+        assert all(whole[r][: len(ops)] == ops for r, ops in prefix.items())
+        compared += sum(len(ops) < len(whole[r]) for r, ops in prefix.items())
+    assert compared > 10  # the cuts are shorter than the orders

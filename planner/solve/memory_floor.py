@@ -34,13 +34,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 from planner.limits import check_schedule_size
 from planner.precision import check_fp16_schedule
 from planner.profile.schema import Profile
-from planner.schedule import build_schedule
+from planner.schedule import build_schedule, device_pattern
+from planner.schedule.expand import ComputeOp
 from planner.schedule.families import family
 from planner.shape import PlanShape
 from planner.simulate.program import GATHER, SLOTS, STEP, Code
@@ -51,7 +52,13 @@ from planner.stages import StageSpec, validate_stages
 if TYPE_CHECKING:
     from planner.topology import Topology
 
-__all__ = ["first_backward_rises", "memory_floor", "overflowing"]
+__all__ = [
+    "PREFIX_MEMO_SIZE",
+    "first_backward_rises",
+    "memory_floor",
+    "order_prefix",
+    "overflowing",
+]
 
 _F, _B, _I = int(Code.F), int(Code.B), int(Code.I)
 
@@ -74,6 +81,58 @@ def _runs(profile: Profile, topology: Topology | None, shape: PlanShape) -> bool
     except InputError:
         return False
     return True
+
+
+# Orders cut after each rank's first backwards (:func:`order_prefix`) by what they depend
+# on; emptied once it holds PREFIX_MEMO_SIZE of them. A cut is the first few rounds of an
+# order of thousands of microbatches, so a sweep does not make whole orders again for its
+# floors once the schedule's own cache (planner.schedule) has dropped them.
+PREFIX_MEMO_SIZE = 128
+_PREFIXES: dict[tuple[Any, ...], dict[int, list[ComputeOp]] | None] = {}
+
+
+def order_prefix(
+    schedule: str, stages: Sequence[StageSpec], num_microbatches: int, virtual_stages: int
+) -> dict[int, list[ComputeOp]] | None:
+    """The schedule's order for ``stages`` (:func:`planner.schedule.build_schedule`), each
+    rank's ops up to the first backward (``B`` or ``I``) of the last of its devices to
+    start one; None where the schedule refuses the stages or is not generated. Kept by
+    (schedule, microbatches, chunks, the stages' device pattern and degrees), which decide
+    both.
+
+    Example::
+
+        order_prefix("1f1b", stages, 8, 1)[0]   # [('F', 0, 0), ..., ('B', 0, 0)]
+    """
+    pattern = device_pattern(tuple(st.devices for st in stages))
+    degrees = tuple(st.tensor_parallel for st in stages)
+    key = (schedule, num_microbatches, virtual_stages, pattern, degrees)
+    if key in _PREFIXES:
+        return _PREFIXES[key]
+    try:
+        sched = build_schedule(schedule, stages, num_microbatches, virtual_stages=virtual_stages)
+        order = sched.order
+        prefix = None if order is None else {r: _cut(stages, ops) for r, ops in order.items()}
+    except InputError:
+        prefix = None
+    if len(_PREFIXES) >= PREFIX_MEMO_SIZE:
+        _PREFIXES.clear()
+    _PREFIXES[key] = prefix
+    return prefix
+
+
+def _cut(stages: Sequence[StageSpec], ops: Sequence[ComputeOp]) -> list[ComputeOp]:
+    """``ops`` up to the first backward of the last of their devices to start one."""
+    if not ops:
+        return []
+    devices = set(stages[ops[0][1]].leaders)
+    started: set[str] = set()
+    for i, (kind, s, k) in enumerate(ops):
+        if kind in ("B", "I"):
+            started.add(stages[s].replica(k))
+            if started >= devices:
+                return list(ops[: i + 1])
+    return list(ops)
 
 
 def first_backward_rises(
@@ -149,18 +208,13 @@ def memory_floor(
     if not _runs(profile, topology, shape):
         return None
     stages = list(shape.stages)
-    try:
-        sched = build_schedule(
-            shape.schedule, stages, shape.num_microbatches, virtual_stages=shape.virtual_stages
-        )
-    except InputError:
-        return None
-    if sched.order is None:
+    prefix = order_prefix(shape.schedule, stages, shape.num_microbatches, shape.virtual_stages)
+    if prefix is None:
         return None
     leaders = [d for st in stages for d in st.leaders]
     static = device_static_bytes(profile, stages, list(dict.fromkeys(leaders)), 1)
     grows, shrinks = memory_deltas(profile, stages, shape.microbatch_size)
-    rises = first_backward_rises(stages, sched.order, grows, shrinks)
+    rises = first_backward_rises(stages, prefix, grows, shrinks)
     floor: dict[str, int] = {}
     for si, st in enumerate(stages):
         step = max(0, grows[si * SLOTS + STEP])
