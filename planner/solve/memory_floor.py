@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from planner.topology import Topology
 
 __all__ = [
-    "PREFIX_MEMO_SIZE",
+    "PREFIX_MEMO_OPS",
     "first_backward_rises",
     "memory_floor",
     "order_prefix",
@@ -84,11 +85,14 @@ def _runs(profile: Profile, topology: Topology | None, shape: PlanShape) -> bool
 
 
 # Orders cut after each rank's first backwards (:func:`order_prefix`) by what they depend
-# on; emptied once it holds PREFIX_MEMO_SIZE of them. A cut is the first few rounds of an
-# order of thousands of microbatches, so a sweep does not make whole orders again for its
-# floors once the schedule's own cache (planner.schedule) has dropped them.
-PREFIX_MEMO_SIZE = 128
-_PREFIXES: dict[tuple[Any, ...], dict[int, list[ComputeOp]] | None] = {}
+# on, least recently used dropped first past PREFIX_MEMO_OPS compute ops in all (a cut is
+# the first few rounds of an order of thousands of microbatches, so a sweep does not make
+# whole orders again for its floors once the schedule's own cache has dropped them).
+PREFIX_MEMO_OPS = 1_500_000
+_PREFIXES: OrderedDict[tuple[Any, ...], tuple[dict[int, list[ComputeOp]] | None, int]] = (
+    OrderedDict()
+)
+_held = [0]  # the ops _PREFIXES holds
 
 
 def order_prefix(
@@ -98,7 +102,7 @@ def order_prefix(
     rank's ops up to the first backward (``B`` or ``I``) of the last of its devices to
     start one; None where the schedule refuses the stages or is not generated. Kept by
     (schedule, microbatches, chunks, the stages' device pattern and degrees), which decide
-    both.
+    both, up to :data:`PREFIX_MEMO_OPS` ops in all.
 
     Example::
 
@@ -107,17 +111,22 @@ def order_prefix(
     pattern = device_pattern(tuple(st.devices for st in stages))
     degrees = tuple(st.tensor_parallel for st in stages)
     key = (schedule, num_microbatches, virtual_stages, pattern, degrees)
-    if key in _PREFIXES:
-        return _PREFIXES[key]
+    found = _PREFIXES.get(key)
+    if found is not None:
+        _PREFIXES.move_to_end(key)
+        return found[0]
     try:
         sched = build_schedule(schedule, stages, num_microbatches, virtual_stages=virtual_stages)
         order = sched.order
         prefix = None if order is None else {r: _cut(stages, ops) for r, ops in order.items()}
     except InputError:
         prefix = None
-    if len(_PREFIXES) >= PREFIX_MEMO_SIZE:
-        _PREFIXES.clear()
-    _PREFIXES[key] = prefix
+    size = 1 if prefix is None else sum(map(len, prefix.values()))
+    _PREFIXES[key] = (prefix, size)
+    _held[0] += size
+    while len(_PREFIXES) > 1 and _held[0] > PREFIX_MEMO_OPS:
+        _, (_, dropped) = _PREFIXES.popitem(last=False)
+        _held[0] -= dropped
     return prefix
 
 
