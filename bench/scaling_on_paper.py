@@ -492,7 +492,14 @@ CALIBRATION_ROW = "145.6B"
 # minutes at 11 GB RSS (2,520 GPUs on 315 nodes). Most of it: the tuned torchtitan
 # peer's sweep (310.1B: 903 simulations, 229 s), and for 1008B the local search's
 # recompute retries (3,694 simulations, 260 s: evaluate turns each of 124 recomputing
-# chunks off in turn).
+# chunks off in turn). 529.6B with the memory floor (plans that cannot fit refused
+# unsimulated), the schedules' order cache bounded by ops and the floor's order cuts
+# (2026-11-28, profiled once, the solve alone, load 4-7): solved in 368.7 s CPU (706 s
+# wall), 404 simulations and 6,609 refused, PP35 x DP18 x TP4 ZeRO-1 interleaved v=3,
+# 2,520 x 1, recompute on 99 of 105 chunks, vs_megatron 1.145; peak RSS 5.23 GB (2.8 GB
+# within the first 20 CPU s, the mesh grid's DP cuts; orders and compiled shapes of 2,520
+# microbatches next; ~4.5 GB through the peers, ~5.2 GB at the end): over the default
+# bench's ~4 GB and 5 minutes, so --all only.
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B")
 TOLERANCE = 0.10  # the issue's bound on |simulated / published - 1|
 
