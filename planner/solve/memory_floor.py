@@ -23,8 +23,8 @@ not to fit for a few milliseconds where simulating it takes a compiled schedule 
 device. :func:`overflowing` is what the search asks (:meth:`planner.solve.search.Search.
 refuse`): the devices whose floor exceeds their memory, None where the floor proves
 nothing (a searched or non-flushing schedule, or a shape the simulator refuses as input:
-the simulation then says so itself). One refusal comes after the memory is known and is not
-checked here: an fp16 or tied STEP the compiled programs cannot defer
+the simulation then says so itself). One refusal the simulator makes before its memory
+check is not made here: an fp16 or tied STEP the compiled programs cannot defer
 (:func:`planner.simulate.timing.simulate_schedule`); such a shape over a device's memory
 is scored not fitting where the simulation would score it unable to run: not a plan either
 way.
