@@ -330,7 +330,11 @@ GPUS = [64, 128, 256, 512, 1024, 2048, 3072]
 # units once per solve); before and after that change run side by side, the VM loaded by
 # other jobs: 65.5 -> 60.8 s at load 6-12, 75.2 -> 70.9 s at load 2-6 (the same plan,
 # PP16 x DP8 x TP8 SP ZeRO-1 1F1B, 4.503 s, 1,241 simulations; RSS 1.11 -> 1.35 GB): over
-# 60 s on this VM as loaded now. --all runs every model on every cluster (hours).
+# 60 s on this VM as loaded now. With the memory floor (planner/solve/memory_floor.py: the
+# peers' sweeps and the recompute retries refuse plans that cannot fit unsimulated), profiled
+# once and the solve alone timed side by side with the base, load 6-8 (2026-11-28): 71.0 ->
+# 51.6 s CPU (46.9 s at load 4-5), 1,580 -> 335 simulations (1,245 refused), RSS 1.36 GB,
+# the same plan and peer rows. --all runs every model on every cluster (hours).
 DEFAULT_GPUS: dict[str, tuple[int, ...]] = {
     "gpt3-1.3b": (64, 256, 1024, 3072),
     "gpt3-6.7b": (64, 512),
@@ -488,7 +492,14 @@ CALIBRATION_ROW = "145.6B"
 # minutes at 11 GB RSS (2,520 GPUs on 315 nodes). Most of it: the tuned torchtitan
 # peer's sweep (310.1B: 903 simulations, 229 s), and for 1008B the local search's
 # recompute retries (3,694 simulations, 260 s: evaluate turns each of 124 recomputing
-# chunks off in turn).
+# chunks off in turn). 529.6B with the memory floor (plans that cannot fit refused
+# unsimulated), the schedules' order cache bounded by ops and the floor's order cuts
+# (2026-11-28, profiled once, the solve alone, load 4-7): solved in 368.7 s CPU (706 s
+# wall), 404 simulations and 6,609 refused, PP35 x DP18 x TP4 ZeRO-1 interleaved v=3,
+# 2,520 x 1, recompute on 99 of 105 chunks, vs_megatron 1.145; peak RSS 5.23 GB (2.8 GB
+# within the first 20 CPU s, the mesh grid's DP cuts; orders and compiled shapes of 2,520
+# microbatches next; ~4.5 GB through the peers, ~5.2 GB at the end): over the default
+# bench's ~4 GB and 5 minutes, so --all only.
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B")
 TOLERANCE = 0.10  # the issue's bound on |simulated / published - 1|
 

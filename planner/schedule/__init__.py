@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -187,16 +188,75 @@ def device_pattern(groups: Sequence[Sequence[str]]) -> tuple[tuple[int, ...], ..
     return tuple(tuple(index.setdefault(d, len(index)) for d in g) for g in groups)
 
 
-@functools.lru_cache(maxsize=64)
+# How many orders _pattern_order keeps, and how many compute ops in all: an order of
+# thousands of microbatches on a hundred stages is half a million ops (~50 MB), and 64 of
+# them outgrew a solve's memory (PTD-P 529.6B on 2,520 GPUs), so the cache also stops at
+# ORDER_CACHE_OPS ops (the newest order always kept), least recently used dropped first.
+ORDER_CACHE_SIZE = 64
+ORDER_CACHE_OPS = 3_000_000
+
+
+class _OrderCache:
+    """:func:`_pattern_order`'s cache: at most ``maxsize`` orders and ``max_ops`` compute ops
+    in all (the newest kept whatever its size), least recently used dropped first; with
+    ``functools.lru_cache``'s ``cache_info`` and ``cache_clear``."""
+
+    def __init__(self, maxsize: int, max_ops: int) -> None:
+        self.maxsize, self.max_ops = maxsize, max_ops
+        self.entries: OrderedDict[tuple[Any, ...], tuple[dict[int, list[ComputeOp]], int]] = (
+            OrderedDict()
+        )
+        self.ops = self.hits = self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> dict[int, list[ComputeOp]] | None:
+        found = self.entries.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: tuple[Any, ...], order: dict[int, list[ComputeOp]]) -> None:
+        size = sum(map(len, order.values()))
+        self.entries[key] = (order, size)
+        self.ops += size
+        while len(self.entries) > 1 and (
+            len(self.entries) > self.maxsize or self.ops > self.max_ops
+        ):
+            _, (_, dropped) = self.entries.popitem(last=False)
+            self.ops -= dropped
+
+    def cache_info(self) -> functools._CacheInfo:
+        return functools._CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
+
+    def cache_clear(self) -> None:
+        self.entries.clear()
+        self.ops = self.hits = self.misses = 0
+
+
+_ORDERS = _OrderCache(ORDER_CACHE_SIZE, ORDER_CACHE_OPS)
+
+
 def _pattern_order(
     name: str, num_microbatches: int, v: int, iterations: int, pattern: tuple[tuple[int, ...], ...]
 ) -> dict[int, list[ComputeOp]]:
     """The family's order for device groups of ``pattern`` (:func:`device_pattern`),
-    validated on devices named by their numbers."""
+    validated on devices named by their numbers; cached (:data:`ORDER_CACHE_SIZE` orders,
+    :data:`ORDER_CACHE_OPS` ops)."""
+    key = (name, num_microbatches, v, iterations, pattern)
+    order = _ORDERS.get(key)
+    if order is not None:
+        return order
     order = family(name).order([len(g) for g in pattern], num_microbatches, v, iterations)
     shape = [StageSpec(i, (i, i), tuple(f"d{x}" for x in g)) for i, g in enumerate(pattern)]
     validate_order(order, shape, num_microbatches * iterations)
+    _ORDERS.put(key, order)
     return order
+
+
+_pattern_order.cache_info = _ORDERS.cache_info  # type: ignore[attr-defined]
+_pattern_order.cache_clear = _ORDERS.cache_clear  # type: ignore[attr-defined]
 
 
 def as_stream(schedule: Schedule, stages: Sequence[StageSpec], iterations: int) -> Schedule | None:

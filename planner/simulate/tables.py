@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = [
     "StageTables",
     "compute_times",
+    "device_static_bytes",
+    "memory_deltas",
     "overflow_agreement_ms",
     "reference_durations",
     "stage_tables",
@@ -452,6 +454,34 @@ def _replica_allreduce_bytes(profile: Profile, spec: StageSpec) -> int:
     if not profile.tied_parameters:
         return total
     return total - sum(t.param_bytes for t in stage_tied_parameters(profile, spec.first, spec.last))
+
+
+def device_static_bytes(
+    profile: Profile, stages: Sequence[StageSpec], devices: list[str], weight_versions: int
+) -> dict[str, int]:
+    """Per device (a tensor-parallel group's leader stands for it): the weights, gradients
+    and optimizer state of its stages, as the simulator holds them throughout
+    (:attr:`StageTables.static`).
+
+    Example::
+
+        device_static_bytes(profile, stages, ["gpu0", "gpu1"], 1)["gpu0"]
+    """
+    return _static_bytes(profile, stages, devices, weight_versions)
+
+
+def memory_deltas(
+    profile: Profile, stages: Sequence[StageSpec], microbatch_size: int
+) -> tuple[list[int], list[int]]:
+    """Per slot (``stage * SLOTS + code``) the memory an action takes at its start and
+    gives back at its end, as the simulator counts them (:attr:`StageTables.grows` and
+    :attr:`StageTables.shrinks`).
+
+    Example::
+
+        grows, shrinks = memory_deltas(profile, stages, 4)
+    """
+    return _memory_deltas(profile, stages, microbatch_size)
 
 
 def _static_bytes(

@@ -437,14 +437,14 @@ def settle(search: Search, config: PeerConfig, beat: float = math.inf) -> tuple[
         config, scored = settle(Search(profile, topology), config)
     """
     origin = f"peer {config.peer}"
-    plain = search.simulate_as_given(config.shape, origin)
+    plain = search.refuse_or_simulate(config.shape, origin)
     if plain.fits or plain.infinite():
         return config, plain
     checkpointed = config.checkpointed()
     if not search.met(checkpointed.shape) and search.bound_as_given(checkpointed.shape) > beat:
         search.pass_over(checkpointed.shape, origin)
         return config, plain
-    got = search.simulate_as_given(checkpointed.shape, origin)
+    got = search.refuse_or_simulate(checkpointed.shape, origin)
     return (checkpointed, got) if got.fits else (config, plain)
 
 

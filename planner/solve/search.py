@@ -38,6 +38,7 @@ from planner.simulate import simulate_shape
 from planner.simulate.timing import OverLimit
 from planner.solve.bounds import ShareMemo, overflows_memory, search_bound_ms
 from planner.solve.memory import UnitMemo, fix_recompute, recompute_units, with_recompute
+from planner.solve.memory_floor import overflowing
 from planner.solve.options import SolveOptions
 from planner.solve.scored import Scored
 
@@ -110,6 +111,8 @@ class Search:
     units: UnitMemo = field(default_factory=dict)
     # Each stage's share of the work in the bounds, worked out once (bounds.search_bound_ms).
     shares: ShareMemo = field(default_factory=ShareMemo)
+    # Plans found not to fit by their memory floor, unsimulated (:meth:`refuse`).
+    refused: int = 0
 
     def overflows(self, cand: PlanShape) -> bool:
         """Whether ``cand`` cannot fit with or without recompute: a device's weights,
@@ -210,7 +213,7 @@ class Search:
         if not scored.fits and scored.runs:
             over = {d for d, b in scored.memory.items() if b > self.topology.device(d).memory_bytes}
             flags = [s.recompute or any(d in over for d in s.devices) for s in cand.stages]
-            retry = self.simulate_as_given(
+            retry = self.refuse_or_simulate(
                 with_recompute(self.profile, cand, flags, self.units), origin
             )
             # The same shape (recompute was already where it overflows) is no retry: its
@@ -223,7 +226,7 @@ class Search:
                     flags = [s.recompute for s in scored.shape.stages]
                     flags[k] = False
                     shape = with_recompute(self.profile, scored.shape, flags, self.units)
-                    retry = self.simulate_as_given(shape, origin)
+                    retry = self.refuse_or_simulate(shape, origin)
                     if retry.key() < scored.key():
                         scored = retry
         self.cache[cand] = scored
@@ -292,6 +295,43 @@ class Search:
         scored = Scored(cand, float(res.iteration_ms), not over, over, None, origin)
         self.cache[cand] = scored
         return scored
+
+    def refuse(self, cand: PlanShape, origin: str) -> Scored | None:
+        """``cand`` scored as not fitting without simulating it, where its memory floor
+        (:func:`planner.solve.memory_floor.overflowing`: a lower bound of the simulated
+        peak) already exceeds a device's memory; None where it does not (or ``cand`` was
+        simulated: :meth:`simulate_as_given` returns that). The result is what the
+        simulation's memory check gives (not fitting, its time simulated only where it is
+        asked), but for the bytes of the devices that overflow: the floor's, of those
+        whose floor overflows, so only a caller that does not read them asks here (the
+        peers' sweeps and :meth:`evaluate`'s recompute retries, never its first
+        simulation, which switches recompute on where devices overflow). Counted in
+        :attr:`refused`, not in :attr:`sims`.
+
+        Example::
+
+            search.refuse(shape, "peer torchtitan") or search.simulate_as_given(shape, "x")
+        """
+        if cand in self.cache:
+            return None
+        over = overflowing(self.profile, self.topology, cand)
+        if over is None:
+            return None
+        origin = self.passed.pop(cand, origin)  # a peer passed it over: the peer's
+        self.refused += 1
+        scored = Scored(cand, math.nan, False, over, None, origin, later=self._timer(cand))
+        self.cache[cand] = scored
+        return scored
+
+    def refuse_or_simulate(self, cand: PlanShape, origin: str) -> Scored:
+        """:meth:`refuse`, else :meth:`simulate_as_given`: for a caller that reads only
+        whether ``cand`` fits and its time, not which devices overflow by how much.
+
+        Example::
+
+            search.refuse_or_simulate(shape, "peer Megatron-LM").fits
+        """
+        return self.refuse(cand, origin) or self.simulate_as_given(cand, origin)
 
     def _timer(self, cand: PlanShape) -> Callable[[], float]:
         """The simulated iteration of ``cand`` (infinite where the schedule cannot run
