@@ -60,16 +60,18 @@ Megatron kept fp16 weights) and what it leaves out (fused kernels, scatter/gathe
 pipeplan's own solve of a row's model, cluster and global batch (``-b 1,2`` and the row's
 microbatch size, ``--tensor-parallel 2,4,8``) against Megatron's configuration in the same
 simulator (``vs_megatron``: Megatron's time over pipeplan's): the 1.7B-145.6B rows by
-default (:data:`PTDP_DEFAULT_SOLVES`), every row with ``--all``. Also in the model, not in
-Megatron: a logit layer untied from the embedding (the same FLOPs, one all-reduce less).
-Recompute is Megatron's (each layer under its own checkpoint: ``recompute_layers``), so
-``megatron_fits`` is whether its configuration fits in pipeplan's memory model of it.
+default (:data:`PTDP_DEFAULT_SOLVES`), every row with ``--all`` or ``--all-ptdp``. Also in
+the model, not in Megatron: a logit layer untied from the embedding (the same FLOPs, one
+all-reduce less). Recompute is Megatron's (each layer under its own checkpoint:
+``recompute_layers``), so ``megatron_fits`` is whether its configuration fits in pipeplan's
+memory model of it.
 
 Run::
 
     .venv/bin/python bench/scaling_on_paper.py          # both parts + bench/results/<name>.json
     .venv/bin/python bench/scaling_on_paper.py --quick  # 1.3B on 64 GPUs; calibration, PTD-P 1.7B
     .venv/bin/python bench/scaling_on_paper.py --all    # every model on every cluster, every solve
+    .venv/bin/python bench/scaling_on_paper.py --all-ptdp  # default grid, every PTD-P row (~30 min)
 """
 
 from __future__ import annotations
@@ -732,6 +734,12 @@ def main() -> None:
     ap.add_argument(
         "--all", action="store_true", help="every model on every cluster, every PTD-P solve (slow)"
     )
+    ap.add_argument(
+        "--all-ptdp",
+        action="store_true",
+        help="the default grid, and every PTD-P row solved (310.1B-1008B: ~6-12 CPU min and "
+        "~5 GB each)",
+    )
     args = ap.parse_args()
     if args.quick:
         models: list[str] = ["gpt3-1.3b"]
@@ -740,7 +748,8 @@ def main() -> None:
     else:
         models = [m for m in SCALING_MODELS if args.all or DEFAULT_GPUS[m]]
         ptdp_rows = list(PTDP_ROWS)
-        solved = {r.name for r in PTDP_ROWS} if args.all else set(PTDP_DEFAULT_SOLVES)
+        every = args.all or args.all_ptdp
+        solved = {r.name for r in PTDP_ROWS} if every else set(PTDP_DEFAULT_SOLVES)
 
     def gpus_of(model: str) -> Sequence[int]:
         if args.quick:
