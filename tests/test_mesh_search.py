@@ -288,13 +288,16 @@ def test_degree_moves_keep_sequence_parallelism_where_the_degree_allows() -> Non
     )
 
 
-def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
+def pcie_mixed_profile() -> Profile:
     """Six light layers of big activations, then two heavy ones of big weights and small
-    activations, on PCIe: the weights' gradient all-reduce over two replicas costs more
-    than the heavy stage's collectives as a TP2 group, the light stage is better
-    replicated; on NVLink the replicated plan stays (nothing returned)."""
-    from planner.solve.mesh_search import _degree_descent
+    activations, with TP2 entries without SP: on PCIe the heavy stage is better as a TP2
+    group, the light one replicated (the degree-descent tests here and in
+    test_search_budget.py).
 
+    Example::
+
+        profile = pcie_mixed_profile()   # 8 layers, tp2 shards
+    """
     base = synthetic_profile(
         8,
         forward_ms=2.0,
@@ -322,7 +325,17 @@ def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None
         for m in base.measurements
     ]
     profile = dataclasses.replace(base, layers=layers, measurements=measured)
-    profile = synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
+    return synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
+
+
+def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
+    """Six light layers of big activations, then two heavy ones of big weights and small
+    activations, on PCIe: the weights' gradient all-reduce over two replicas costs more
+    than the heavy stage's collectives as a TP2 group, the light stage is better
+    replicated; on NVLink the replicated plan stays (nothing returned)."""
+    from planner.solve.mesh_search import _degree_descent
+
+    profile = pcie_mixed_profile()
     devs = [("gpu0", "gpu1"), ("gpu2", "gpu3")]
     for name, wins in [("pcie", True), ("nvlink", False)]:
         search = Search(profile, _topo(name), SolveOptions(), 60.0)

@@ -5,14 +5,13 @@ schedules and the interleaved re-cuts, so an interleaved best ends it at no cost
 
 from __future__ import annotations
 
-import dataclasses as dc
 import importlib
 from pathlib import Path
 
 import pytest
+from test_mesh_search import pcie_mixed_profile
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
-from planner.profile import Profile, load_profile
+from planner.profile import load_profile
 from planner.shape import PlanShape
 from planner.simulate import simulate_shape
 from planner.solve.local import distinct_starts
@@ -25,7 +24,6 @@ from planner.stages import StageSpec
 from planner.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
-MIB = 2**20
 
 
 def test_an_overflowing_candidate_with_recompute_everywhere_is_simulated_once() -> None:
@@ -48,35 +46,6 @@ def test_an_overflowing_candidate_with_recompute_everywhere_is_simulated_once() 
     assert got.later is not None  # its time was never simulated
 
 
-def _pcie_mixed() -> Profile:
-    """Six light layers of big activations, then two heavy ones of big weights and small
-    activations, TP2 entries without SP (as test_mesh_search's degree-descent case: on PCIe
-    the heavy stage is better as a TP2 group, the light one replicated)."""
-    base = synthetic_profile(
-        8,
-        forward_ms=2.0,
-        backward_input_ms=2.0,
-        backward_weight_ms=2.0,
-        param_bytes=MIB,
-        optimizer_state_bytes=2 * MIB,
-        output_bytes=256 * MIB,
-        saved_bytes=MIB,
-        input_bytes=256 * MIB,
-    )
-    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
-    layers = [dc.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)]
-    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
-    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
-    measured = [
-        dc.replace(
-            m, layers=[dc.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)]
-        )
-        for m in base.measurements
-    ]
-    profile = dc.replace(base, layers=layers, measurements=measured)
-    return synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
-
-
 def test_the_degree_descent_starts_after_the_schedules_of_the_seeds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -87,7 +56,7 @@ def test_the_degree_descent_starts_after_the_schedules_of_the_seeds(
     ms = importlib.import_module("planner.solve.mesh_search")  # also a function's name
 
     schedules = ["1f1b", "zb", "interleaved"]
-    search = Search(_pcie_mixed(), load_topology(ROOT / "topologies" / "pcie.yaml"))
+    search = Search(pcie_mixed_profile(), load_topology(ROOT / "topologies" / "pcie.yaml"))
     tried: list[list[bool]] = []
     descent = ms._degree_descent
 
