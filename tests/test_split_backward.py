@@ -141,3 +141,30 @@ def test_weight_half_leaves_the_input_half_s_work_alone() -> None:
     whole(x.detach()).backward(torch.ones(2, 4))
     for p, q in zip(blocks.parameters(), whole.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+
+
+def test_weight_half_hands_each_group_its_own_parameters(monkeypatch: Any) -> None:
+    """Each of torch's weight calls gets its group's parameters only, so a stage's weight
+    half maps each parameter once (torch makes a view of every parameter it is handed: the
+    stage's whole list per group was groups x parameters of them, W 13% slower than
+    torch's own on a Llama stage)."""
+    import torch.distributed.pipelining._backward as backward
+
+    handed: list[int] = []
+    real = backward.stage_backward_weight
+
+    def counting(weights: Any, groups: Any, retain_graph: bool = False) -> Any:
+        weights = list(weights)
+        handed.append(len(weights))
+        return real(iter(weights), groups, retain_graph=retain_graph)
+
+    monkeypatch.setattr(backward, "stage_backward_weight", counting)
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(6)])
+    params = list(blocks.parameters())
+    x = torch.randn(2, 4, requires_grad=True)
+    half = input_half([blocks(x)], [torch.ones(2, 4)], [x], params)
+    weight_half(params, half)
+    assert len(handed) == len(half.groups) == 6
+    assert sum(handed) == len(params) == 12
+    assert all(p.grad is not None for p in params)

@@ -175,11 +175,16 @@ def weight_half(params: Sequence[torch.Tensor], half: WeightHalf) -> None:
     """
     from torch.distributed.pipelining._backward import stage_backward_weight
 
+    # Each call is handed its own group's parameters: torch maps every parameter it is
+    # given to its gradient accumulator (a view per parameter), so the stage's whole list
+    # per group cost groups x parameters views (W 13% slower than torch's on a Llama stage).
+    owner = {_node(p): p for p in params}
     last = len(half.groups) - 1
     for k, group in enumerate(half.groups):
         # Groups share no node; the outputs' backward below may pass the same weight-side
         # nodes. Each group's graph is freed as it goes (memory), the last's unless needed.
         retain = bool(half.weight_roots) or k < last
-        stage_backward_weight(iter(params), [group], retain_graph=retain)  # type: ignore[arg-type]
+        own = [owner[node] for node in group["params"]]
+        stage_backward_weight(iter(own), [group], retain_graph=retain)  # type: ignore[arg-type]
     if half.weight_roots:
         torch.autograd.backward(half.weight_roots, half.weight_grads)
