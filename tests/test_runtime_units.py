@@ -12,7 +12,7 @@ import torch
 from planner.errors import InputError
 from planner.plan import FileRef, Plan, parse_stages
 from planner.profile.schema import Layer, LayerTiming, Measurement, Profile
-from planner.runtime.calibrate import calibrated_profile
+from planner.runtime.calibrate import calibrated_profile, stage_ratios
 from planner.runtime.comm import message_key, message_order
 from planner.runtime.measured import CountedCollective
 from planner.runtime.optimizer import StreamedTwoBW
@@ -85,6 +85,23 @@ def test_calibration_scales_each_stage_to_what_was_measured() -> None:
     assert t[2].forward_ms == pytest.approx(1.0) and t[2].backward_ms == pytest.approx(2.0)
     assert out.settings.calibrated is not None and out.settings.calibrated.step_ms == 5.0
     assert _profile().measurements[0].layers[0].forward_ms == 1.0  # the input is untouched
+
+
+def test_calibration_of_a_zero_bubble_run_compares_its_halves_with_the_profiled_halves() -> None:
+    """A zb run's ``I + W`` is what the simulator predicted from the layers' profiled halves
+    (torch's split backward costs more than the whole one), not the whole backward: a run
+    at exactly the predicted speed calibrates to 1.0. The first stage runs its whole
+    backward as ``I`` (nothing to split off), so its halves are the whole backward."""
+    timing = [LayerTiming(1.0, 2.0, 1.5, 1.0, 10, 10) for _ in range(4)]  # I + W = 1.25 x B
+    profile = Profile(
+        "toy", [Layer(f"l{i}", 1, 4, 8) for i in range(4)], [Measurement(2, 10, timing)]
+    )
+    stages = parse_stages("0-1:a;2-3:b")
+    plan = Plan(FileRef("x"), FileRef("y"), 2, 4, stages, build_schedule("zb", stages, 4))
+    measured = {"F0": 2.0, "I0": 4.0, "W0": 0.0, "F1": 2.0, "I1": 3.0, "W1": 2.0}
+    assert stage_ratios(profile, plan, measured) == {0: (1.0, 1.0), 1: (1.0, 1.0)}
+    slower = {**measured, "I1": 3.6, "W1": 2.4}  # 6.0 against the halves' 5.0
+    assert stage_ratios(profile, plan, slower)[1] == (1.0, pytest.approx(1.2))
 
 
 def test_calibration_scales_the_layers_shards_and_refuses_a_tensor_parallel_plan() -> None:

@@ -1,14 +1,15 @@
 """``run --calibrate``: feed measured per-stage times back into a corrected profile.
 
-For every stage the run measured the mean forward (``F``) and backward (``B``, or the
-``I`` and ``W`` halves) time. The profile predicts them as the sum of the stage's layers
-(plus one forward in the backward of a recompute stage). Each layer of the stage is
-scaled by the stage's measured / predicted ratio - forward and backward separately - in
-every measurement of the profile (its tensor-parallel shard entries too), so solving
-again with the calibrated profile plans with what the hardware really did (including the
-runtime's own per-action overhead). Each timing's spread is scaled with it, so plans from
-the calibrated profile keep a band; a tensor-parallel plan is refused (its measured times
-hold the collectives the simulator adds).
+For every stage the run measured the mean forward (``F``) and backward (``B``, or the ``I``
+and ``W`` halves) time. The profile predicts them as the sum of the stage's layers (plus one
+forward in the backward of a recompute stage; a zero-bubble run's ``I + W`` against the
+layers' profiled halves, which the simulator used, not the whole backward). Each layer of
+the stage is scaled by the stage's measured / predicted ratio - forward and backward
+separately - in every measurement of the profile (its tensor-parallel shard entries too), so
+solving again with the calibrated profile plans with what the hardware really did (including
+the runtime's own per-action overhead). Each timing's spread is scaled with it, so plans
+from the calibrated profile keep a band; a tensor-parallel plan is refused (its measured
+times hold the collectives the simulator adds).
 
 Example::
 
@@ -65,15 +66,37 @@ def stage_ratios(
     for stage in plan.stages:
         span = [_timing(t, stage) for t in layers[stage.first : stage.last + 1]]
         fwd = sum(t.forward_ms for t in span)
-        bwd = sum(t.backward_ms for t in span) + (fwd if stage.recompute else 0.0)
+        bwd = sum(t.backward_ms for t in span)
         got_f = stage_ms.get(f"F{stage.id}")
         got_b = stage_ms.get(f"B{stage.id}")
         if got_b is None and f"I{stage.id}" in stage_ms:
             got_b = stage_ms[f"I{stage.id}"] + stage_ms.get(f"W{stage.id}", 0.0)
+            bwd = _split_backward_ms(profile, stage, span, bwd)
+        bwd += fwd if stage.recompute else 0.0
         rf = got_f / fwd if got_f is not None and fwd > 0 else 1.0
         rb = got_b / bwd if got_b is not None and bwd > 0 else 1.0
         out[stage.id] = (rf, rb)
     return out
+
+
+def _split_backward_ms(
+    profile: Profile, stage: StageSpec, span: list[LayerTiming | ShardTiming], whole_ms: float
+) -> float:
+    """What a zero-bubble run's ``I`` and ``W`` of ``stage`` were predicted to take together:
+    the layers' profiled halves (torch's split backward costs more than the whole one on
+    small layers), or the whole backward where the runtime runs it as ``I`` (the first
+    stage, a recompute stage, a stage without weights, a profile without halves), as
+    :func:`planner.cost.stage_times` predicts them.
+
+    Example::
+
+        _split_backward_ms(profile, plan.stages[1], span, 4.0)   # 5.2: I + W of the layers
+    """
+    halves = sum(t.backward_input_ms + t.backward_weight_ms for t in span)
+    params = sum(layer.param_bytes for layer in profile.layers[stage.first : stage.last + 1])
+    if halves <= 0.0 or stage.first == 0 or stage.recompute or params == 0:
+        return whole_ms
+    return halves
 
 
 def _timing(layer: LayerTiming, stage: StageSpec) -> LayerTiming | ShardTiming:
