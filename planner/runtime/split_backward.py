@@ -65,23 +65,24 @@ def depends_on(roots: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) ->
         depends_on([x * w, w * 2, x], [x])   # [True, False, True]
     """
     targets = {_node(t) for t in inputs}
-    reaches: dict[Any, bool] = {}
-    starts = [_node(r) if r.requires_grad else None for r in roots]  # a leaf: its accumulator
-    for start in starts:
-        if start is None or start in reaches:
-            continue
-        stack: list[tuple[Any, bool]] = [(start, False)]
-        while stack:  # iterative post-order over the graph (deep models, no recursion)
-            node, expanded = stack.pop()
-            if node in reaches:
+    dead: set[Any] = set()  # nodes searched through without reaching an input
+    out: list[bool] = []
+    for root in roots:
+        start = _node(root) if root.requires_grad else None  # a leaf: its accumulator
+        found, seen, stack = False, set(), [start] if start is not None else []
+        while stack:  # depth first, stopping at the first input found (deep models)
+            node = stack.pop()
+            if node in targets:
+                found = True
+                break
+            if node in seen or node in dead:
                 continue
-            children = [fn for fn, _ in node.next_functions if fn is not None]
-            if expanded:
-                reaches[node] = node in targets or any(reaches.get(c, False) for c in children)
-                continue
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if c not in reaches)
-    return [start is not None and reaches.get(start, False) for start in starts]
+            seen.add(node)
+            stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+        if not found:
+            dead |= seen
+        out.append(found)
+    return out
 
 
 def input_half(
