@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_profiles import eight_heavy_layers
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.profile.schema import Profile
 from planner.simulate.group_comm import (
     groups_collective_ms,
@@ -36,23 +37,9 @@ from bench.solve_identity import plan_without_times  # noqa: E402
 MIB = 2**20
 
 
-def _profile() -> Profile:
-    """Eight heavy layers with big stashes: without recompute most configurations overflow
-    a tight device."""
-    return synthetic_tensor_parallel(
-        synthetic_profile(
-            8,
-            forward_ms=20.0,
-            backward_input_ms=20.0,
-            backward_weight_ms=20.0,
-            param_bytes=200 * MIB,
-            optimizer_state_bytes=400 * MIB,
-            output_bytes=128 * MIB,
-            saved_bytes=3072 * MIB,
-            input_bytes=128 * MIB,
-        ),
-        (2, 4, 8),
-    )
+# Big stashes, tensor-parallel entries for degrees 2, 4 and 8: without recompute most
+# configurations overflow a tight device.
+_profile = partial(eight_heavy_layers, saved_bytes=3072 * MIB, degrees=(2, 4, 8))
 
 
 def _tight(name: str, gib: int) -> Topology:
