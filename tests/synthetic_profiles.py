@@ -3,6 +3,7 @@ names only what it varies."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from planner.cost import synthetic_profile, synthetic_tensor_parallel
@@ -46,3 +47,43 @@ def eight_heavy_layers(
     if not degrees:
         return profile
     return synthetic_tensor_parallel(profile, degrees, sequence_parallel=sequence_parallel)
+
+
+def pcie_mixed_profile() -> Profile:
+    """Six light layers of big activations, then two heavy ones of big weights and small
+    activations, with TP2 entries without SP: on PCIe the heavy stage is better as a TP2
+    group, the light one replicated (the degree-descent tests of
+    test_mesh_search.py and test_search_budget.py).
+
+    Example::
+
+        profile = pcie_mixed_profile()   # 8 layers, tp2 shards
+    """
+    base = synthetic_profile(
+        8,
+        forward_ms=2.0,
+        backward_input_ms=2.0,
+        backward_weight_ms=2.0,
+        param_bytes=MIB,
+        optimizer_state_bytes=2 * MIB,
+        output_bytes=256 * MIB,
+        saved_bytes=MIB,
+        input_bytes=256 * MIB,
+    )
+    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
+    layers = [
+        dataclasses.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)
+    ]
+    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
+    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
+    measured = [
+        dataclasses.replace(
+            m,
+            layers=[
+                dataclasses.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)
+            ],
+        )
+        for m in base.measurements
+    ]
+    profile = dataclasses.replace(base, layers=layers, measurements=measured)
+    return synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)

@@ -14,11 +14,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from synthetic_profiles import eight_heavy_layers
+from synthetic_profiles import eight_heavy_layers, pcie_mixed_profile
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
+from planner.cost import synthetic_tensor_parallel
 from planner.plan import Plan
-from planner.profile.schema import Profile
 from planner.solve import solve
 from planner.solve.mesh import Mesh, mesh_shape
 from planner.solve.mesh_grid import mesh_degrees, placements
@@ -278,46 +277,6 @@ def test_degree_moves_keep_sequence_parallelism_where_the_degree_allows() -> Non
     assert again and all(
         s.sequence_parallel == (s.tensor_parallel > 1) for c in again for s in c.stages
     )
-
-
-def pcie_mixed_profile() -> Profile:
-    """Six light layers of big activations, then two heavy ones of big weights and small
-    activations, with TP2 entries without SP: on PCIe the heavy stage is better as a TP2
-    group, the light one replicated (the degree-descent tests here and in
-    test_search_budget.py).
-
-    Example::
-
-        profile = pcie_mixed_profile()   # 8 layers, tp2 shards
-    """
-    base = synthetic_profile(
-        8,
-        forward_ms=2.0,
-        backward_input_ms=2.0,
-        backward_weight_ms=2.0,
-        param_bytes=MIB,
-        optimizer_state_bytes=2 * MIB,
-        output_bytes=256 * MIB,
-        saved_bytes=MIB,
-        input_bytes=256 * MIB,
-    )
-    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
-    layers = [
-        dataclasses.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)
-    ]
-    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
-    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
-    measured = [
-        dataclasses.replace(
-            m,
-            layers=[
-                dataclasses.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)
-            ],
-        )
-        for m in base.measurements
-    ]
-    profile = dataclasses.replace(base, layers=layers, measurements=measured)
-    return synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
 
 
 def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:
