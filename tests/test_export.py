@@ -30,7 +30,7 @@ from torch.distributed.pipelining.schedules import (
 
 from planner.cli import main
 from planner.errors import InputError
-from planner.export import export_plan
+from planner.export import export_plan, stale_files
 from planner.export.actions import torch_cell, torch_layout
 from planner.export.split import layer_modules, titan_module
 from planner.fileio import sha256_file
@@ -242,6 +242,57 @@ def test_export_torchtitan_toml(tmp_path: Path) -> None:
     again = export_plan(plan, "torch", tmp_path / "titan")
     assert again.notes[-1] == (
         f"{tmp_path / 'titan'} also holds torchtitan.toml, torchtitan_config.py from an earlier "
+        "export (not part of this one): remove them"
+    )
+
+
+def test_stale_files_are_an_earlier_exports_names_not_written_now(tmp_path: Path) -> None:
+    """What this export wrote is not named, however its path is spelled; an earlier
+    export's per-replica schedules, single schedule and torchtitan files are; other files,
+    folders and files in subfolders are not."""
+    written = [
+        "schedule-dp0.csv",
+        "schedule-dp1.csv",
+        "schedule_compute-dp0.csv",
+        "schedule_compute-dp1.csv",
+        "pipeline.json",
+        "train_pipeline.py",
+    ]
+    stale = [
+        "schedule-dp2.csv",
+        "schedule_compute-dp2.csv",
+        "schedule.csv",
+        "torchtitan.toml",
+        "torchtitan_config.py",
+    ]
+    unrelated = ["notes.txt", "schedule-dp2.csv.bak", "my-schedule.csv", "pipeline.yaml"]
+    for name in written + stale + unrelated:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "schedule-dp3.csv").mkdir()  # a folder, not a file
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "schedule-dp4.csv").write_text("x")  # not in the folder itself
+    spelled = [tmp_path / "old" / ".." / n for n in written[:2]] + [
+        tmp_path / n for n in written[2:]
+    ]
+    assert stale_files(tmp_path, spelled) == sorted(tmp_path / n for n in stale)
+    assert stale_files(tmp_path / "old", []) == [tmp_path / "old" / "schedule-dp4.csv"]
+
+
+def test_an_export_with_fewer_replicas_names_the_replicas_left(tmp_path: Path) -> None:
+    """DP3 exported (the command line), then DP2 into the same folder: the note names the
+    third replica's two schedules, and nothing this export wrote."""
+    three = make_plan(tmp_path, "mlp", "0-2:cpu0,cpu2,cpu4;3-5:cpu1,cpu3,cpu5", "1f1b", 6, 8)
+    (tmp_path / "two").mkdir()
+    two = make_plan(tmp_path / "two", "mlp", "0-2:cpu0,cpu2;3-5:cpu1,cpu3", "1f1b", 4, 8)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(three), "--to", "torch", "-o", str(out)])
+    assert exit_.value.code == 0
+    assert (out / "schedule-dp2.csv").is_file()
+    result = export_plan(two, "torch", out)
+    assert result.dp_degree == 2
+    assert result.notes[-1] == (
+        f"{out} also holds schedule-dp2.csv, schedule_compute-dp2.csv from an earlier "
         "export (not part of this one): remove them"
     )
 

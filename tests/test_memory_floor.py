@@ -6,12 +6,13 @@ that simulates them, with fewer simulations."""
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_profiles import eight_heavy_layers
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.errors import InputError
 from planner.profile.schema import Profile
 from planner.schedule import build_schedule
@@ -39,23 +40,9 @@ from bench.solve_identity import plan_without_times  # noqa: E402
 MIB = 2**20
 
 
-def _profile() -> Profile:
-    """Eight heavy layers with big stashes, tensor-parallel (and sequence-parallel) entries
-    for degrees 2 and 4: most configurations overflow a tight device without recompute."""
-    return synthetic_tensor_parallel(
-        synthetic_profile(
-            8,
-            forward_ms=20.0,
-            backward_input_ms=20.0,
-            backward_weight_ms=20.0,
-            param_bytes=200 * MIB,
-            optimizer_state_bytes=400 * MIB,
-            output_bytes=128 * MIB,
-            saved_bytes=3072 * MIB,
-            input_bytes=128 * MIB,
-        ),
-        (2, 4),
-    )
+# Big stashes, tensor-parallel (and sequence-parallel) entries for degrees 2 and 4: most
+# configurations overflow a tight device without recompute.
+_profile = partial(eight_heavy_layers, saved_bytes=3072 * MIB, degrees=(2, 4))
 
 
 def _tight(gib: int) -> Topology:

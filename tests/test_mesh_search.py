@@ -10,13 +10,14 @@ import dataclasses
 import itertools
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+from synthetic_profiles import eight_heavy_layers, pcie_mixed_profile
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
+from planner.cost import synthetic_tensor_parallel
 from planner.plan import Plan
-from planner.profile.schema import Profile
 from planner.solve import solve
 from planner.solve.mesh import Mesh, mesh_shape
 from planner.solve.mesh_grid import mesh_degrees, placements
@@ -35,20 +36,10 @@ def _topo(name: str) -> Topology:
     return load_topology(ROOT / "topologies" / f"{name}.yaml")
 
 
-def _plain() -> Profile:
-    """Eight heavy transformer-like layers whose activations are big: with two microbatches
-    a pipeline idles, and tensor parallelism pays on NVLink but not over PCIe."""
-    return synthetic_profile(
-        8,
-        forward_ms=20.0,
-        backward_input_ms=20.0,
-        backward_weight_ms=20.0,
-        param_bytes=200 * MIB,
-        optimizer_state_bytes=400 * MIB,
-        output_bytes=128 * MIB,
-        saved_bytes=MIB,
-        input_bytes=128 * MIB,
-    )
+# Small stashes (memory aside), big activations: with two microbatches a pipeline idles,
+# and tensor parallelism pays on NVLink but not over PCIe. Tests pass ``degrees=`` (and
+# ``sequence_parallel=False``) for tensor-parallel entries.
+_plain = partial(eight_heavy_layers, saved_bytes=MIB)
 
 
 def _iteration_ms(plan: Plan) -> float:
@@ -93,7 +84,7 @@ def test_tensor_parallel_on_the_fast_links_when_it_pays(name: str) -> None:
 
 def test_plan_is_at_least_every_tensor_parallel_peer() -> None:
     topo = _topo("nvlink-pairs")
-    profile = synthetic_tensor_parallel(_plain(), (2, 4))
+    profile = _plain(degrees=(2, 4))
     plan = solve(profile, topo, num_microbatches=8)
     tuned = {b.name: b for b in plan.baselines if b.kind == "tuned peer"}
     assert set(tuned) == {p.name for p in TP_PEERS}
@@ -112,7 +103,7 @@ def test_profiles_without_sequence_parallel_shards_solve_without_it() -> None:
     """A profile of ``--tensor-parallel`` without ``--sequence-parallel`` has no ``tp*-sp``
     entries: the peers that tune sequence parallelism (Megatron-LM, torchtitan) leave it
     off instead of asking for an entry that is not there."""
-    profile = synthetic_tensor_parallel(_plain(), (2, 4), sequence_parallel=False)
+    profile = _plain(degrees=(2, 4), sequence_parallel=False)
     plan = solve(profile, _topo("nvlink-pairs"), num_microbatches=8)
     assert not any(st.sequence_parallel for st in plan.stages)
     tuned = {b.name: b for b in plan.baselines if b.kind == "tuned peer"}
@@ -132,7 +123,7 @@ def test_profiles_without_entries_keep_the_old_peers_and_search() -> None:
 
 def test_degrees_and_placements() -> None:
     topo = _topo("nvlink-pairs")
-    tp = synthetic_tensor_parallel(_plain(), (2, 4, 16))
+    tp = _plain(degrees=(2, 4, 16))
     search = Search(tp, topo, SolveOptions(), 60.0)
     assert mesh_degrees(search) == [1, 2, 4]  # 16 is more than the devices
     assert mesh_degrees(Search(_plain(), topo, SolveOptions(), 60.0)) == [1]
@@ -178,7 +169,7 @@ def test_solve_prints_groups_and_parallelism() -> None:
     from planner.commands.solve import print_plan
 
     topo = _topo("nvlink-pairs")
-    plan = solve(synthetic_tensor_parallel(_plain(), (2, 4, 8)), topo, num_microbatches=2)
+    plan = solve(_plain(degrees=(2, 4, 8)), topo, num_microbatches=2)
     console = Console(record=True, width=300)
     print_plan(plan, [f"layer{i}" for i in range(8)], console=console)
     text = console.export_text()
@@ -194,7 +185,7 @@ def test_solve_prints_groups_and_parallelism() -> None:
 def test_past_the_deadline_no_sweep_or_bound_is_worked_out() -> None:
     """The solve's time limit stops the sweep's cuts and the peers' bounds too (a
     thousand-device sweep spends seconds on them before its first simulation)."""
-    profile = synthetic_tensor_parallel(_plain(), (2, 4))
+    profile = _plain(degrees=(2, 4))
     topo = _topo("nvlink-pairs")
     search = Search(profile, topo, SolveOptions(), 1.0, deadline=time.perf_counter() - 1.0)
     with pytest.raises(TimeUp):
@@ -209,7 +200,7 @@ def test_past_the_deadline_no_sweep_or_bound_is_worked_out() -> None:
 def test_tp_peers_bounded_sweep_finds_what_simulating_everything_finds(name: str) -> None:
     """The tuned peers with tensor parallelism and sharding (visited by bound, stopped where
     no bound can beat the best) find what simulating every configuration finds."""
-    profile = synthetic_tensor_parallel(_plain(), (2, 4, 8))
+    profile = _plain(degrees=(2, 4, 8))
     topo = _topo(name)
     settings = [(1, 16)]
     brute = Search(profile, topo, SolveOptions(), 60.0)
@@ -233,7 +224,7 @@ def test_the_local_search_may_change_one_stages_degree() -> None:
     from planner.solve.local import local_search
     from planner.solve.mesh_local import mesh_moves
 
-    profile = synthetic_tensor_parallel(_plain(), (2, 4), sequence_parallel=False)
+    profile = _plain(degrees=(2, 4), sequence_parallel=False)
     search = Search(profile, _topo("nvlink-pairs"), SolveOptions(), 60.0)
     devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
     start = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2), "none", "1f1b", 1, 8)
@@ -271,7 +262,7 @@ def test_degree_moves_keep_sequence_parallelism_where_the_degree_allows() -> Non
     degree 2 or more, and moves from such a plan keep it."""
     from planner.solve.mesh_local import degree_moves, mesh_moves
 
-    profile = synthetic_tensor_parallel(_plain(), (2, 4))
+    profile = _plain(degrees=(2, 4))
     search = Search(profile, _topo("nvlink-pairs"), SolveOptions(), 60.0)
     devs = [("gpu0", "gpu1", "gpu2", "gpu3"), ("gpu4", "gpu5", "gpu6", "gpu7")]
     start = mesh_shape(search, [(0, 3), (4, 7)], devs, Mesh(2, True), "none", "1f1b", 1, 8)
@@ -286,46 +277,6 @@ def test_degree_moves_keep_sequence_parallelism_where_the_degree_allows() -> Non
     assert again and all(
         s.sequence_parallel == (s.tensor_parallel > 1) for c in again for s in c.stages
     )
-
-
-def pcie_mixed_profile() -> Profile:
-    """Six light layers of big activations, then two heavy ones of big weights and small
-    activations, with TP2 entries without SP: on PCIe the heavy stage is better as a TP2
-    group, the light one replicated (the degree-descent tests here and in
-    test_search_budget.py).
-
-    Example::
-
-        profile = pcie_mixed_profile()   # 8 layers, tp2 shards
-    """
-    base = synthetic_profile(
-        8,
-        forward_ms=2.0,
-        backward_input_ms=2.0,
-        backward_weight_ms=2.0,
-        param_bytes=MIB,
-        optimizer_state_bytes=2 * MIB,
-        output_bytes=256 * MIB,
-        saved_bytes=MIB,
-        input_bytes=256 * MIB,
-    )
-    heavy = {"param_bytes": 1024 * MIB, "optimizer_state_bytes": 2048 * MIB}
-    layers = [
-        dataclasses.replace(ly, **heavy) if i >= 6 else ly for i, ly in enumerate(base.layers)
-    ]
-    slow = {"forward_ms": 20.0, "backward_ms": 40.0, "backward_input_ms": 20.0}
-    slow |= {"backward_weight_ms": 20.0, "output_bytes": MIB}
-    measured = [
-        dataclasses.replace(
-            m,
-            layers=[
-                dataclasses.replace(t, **slow) if i >= 6 else t for i, t in enumerate(m.layers)
-            ],
-        )
-        for m in base.measurements
-    ]
-    profile = dataclasses.replace(base, layers=layers, measurements=measured)
-    return synthetic_tensor_parallel(profile, (2,), sequence_parallel=False)
 
 
 def test_the_degree_descent_keeps_a_mixed_plan_only_where_it_is_faster() -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_profiles import eight_heavy_layers
 
-from planner.cost import synthetic_profile, synthetic_tensor_parallel
 from planner.profile.schema import Profile
 from planner.simulate.group_comm import (
     groups_collective_ms,
@@ -24,6 +25,8 @@ from planner.simulate.group_comm import (
 )
 from planner.simulate.timing import _all_finite
 from planner.solve import solve
+from planner.solve.peer_partitions import PeerPartitions
+from planner.solve.peers import TP_PEERS, PeerConfig, settle
 from planner.solve.search import Search
 from planner.stages import StageSpec
 from planner.topology import Topology, load_topology
@@ -36,23 +39,9 @@ from bench.solve_identity import plan_without_times  # noqa: E402
 MIB = 2**20
 
 
-def _profile() -> Profile:
-    """Eight heavy layers with big stashes: without recompute most configurations overflow
-    a tight device."""
-    return synthetic_tensor_parallel(
-        synthetic_profile(
-            8,
-            forward_ms=20.0,
-            backward_input_ms=20.0,
-            backward_weight_ms=20.0,
-            param_bytes=200 * MIB,
-            optimizer_state_bytes=400 * MIB,
-            output_bytes=128 * MIB,
-            saved_bytes=3072 * MIB,
-            input_bytes=128 * MIB,
-        ),
-        (2, 4, 8),
-    )
+# Big stashes, tensor-parallel entries for degrees 2, 4 and 8: without recompute most
+# configurations overflow a tight device.
+_profile = partial(eight_heavy_layers, saved_bytes=3072 * MIB, degrees=(2, 4, 8))
 
 
 def _tight(name: str, gib: int) -> Topology:
@@ -100,6 +89,31 @@ def test_a_passed_shape_met_later_is_simulated_as_the_peer_would_have() -> None:
     got = search.evaluate(shape, "local search")
     assert got.origin == "peer X" and search.sims == 1 and not search.passed
     assert search.evaluate(shape, "again") is got and search.sims == 1
+
+
+def test_a_checkpointed_configuration_is_passed_over_only_when_its_bound_is_above() -> None:
+    """settle's cut at the bound itself: a checkpointed configuration whose bound is above
+    the peer's best is passed over, one whose bound equals it is simulated. (The solves
+    above give the same answers with the cut at 0.9 or 0.25 of the best: peers visit
+    configurations by bound, so those cannot pin the cut.)"""
+    profile, topo = _profile(), _tight("dgx1-v100", 12)
+    parts = PeerPartitions(profile, topo)
+    configs = [c for c in TP_PEERS[0].configurations(parts, [(1, 16)]) if isinstance(c, PeerConfig)]
+    for config in configs:  # the first that overflows plain, with a finite bound checkpointed
+        search = Search(profile, topo)
+        plain = search.refuse_or_simulate(config.shape, "test")
+        bound = search.bound_as_given(config.checkpointed().shape)
+        if not plain.fits and not plain.infinite() and math.isfinite(bound):
+            break
+    else:
+        pytest.fail("no configuration overflows plain with a finite checkpointed bound")
+    checkpointed = config.checkpointed().shape
+    above = Search(profile, topo)
+    assert settle(above, config, beat=bound * (1 - 1e-9))[0] == config
+    assert above.passed == {checkpointed: f"peer {config.peer}"}
+    at = Search(profile, topo)
+    settle(at, config, beat=bound)
+    assert not at.passed and checkpointed in at.cache
 
 
 def test_groups_share_collective_sums_bit_for_bit() -> None:

@@ -9,7 +9,7 @@ import importlib
 from pathlib import Path
 
 import pytest
-from test_mesh_search import pcie_mixed_profile
+from synthetic_profiles import pcie_mixed_profile
 
 from planner.profile import load_profile
 from planner.shape import PlanShape
