@@ -65,17 +65,20 @@ def test_times_are_medians_in_the_file_and_means_for_the_planner(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each time is written as the median of its timed runs (the profile format), their mean
-    beside it under ``mean``, their quartiles under ``spread``; the planner reads the mean
-    (a slow run counts, as in a training step), before and after a save."""
+    without spikes beside it under ``mean``, their quartiles under ``spread``; the planner
+    reads the mean (a slow run counts, as in a training step; a run preempted to ten times
+    its median does not), before and after a save."""
     import json
     import statistics
 
     from planner.profile import load_profile, measure
+    from planner.profile.means import spike_free_mean
 
     seen: list[dict[str, list[float]]] = []
     real = measure._timing
 
     def keep(samples: dict[str, list[float]], *facts: int) -> measure.LayerTiming:
+        samples["forward_ms"][-1] = 10 * statistics.median(samples["forward_ms"])  # a spike
         seen.append({k: list(v) for k, v in samples.items()})
         return real(samples, *facts)
 
@@ -93,7 +96,9 @@ def test_times_are_medians_in_the_file_and_means_for_the_planner(
             runs = samples[name]
             assert len(runs) == 4
             assert getattr(t, name) == getattr(r, name) == f["mean"][name]
-            assert f["mean"][name] == pytest.approx(statistics.fmean(runs), abs=1e-4)
+            assert f["mean"][name] == pytest.approx(spike_free_mean(runs), abs=1e-4)
+            if name == "forward_ms":  # the spike is left out; the other runs all count
+                assert f["mean"][name] == pytest.approx(statistics.fmean(runs[:-1]), abs=1e-4)
             assert f[name] == pytest.approx(statistics.median(runs), abs=1e-4)
             low, high = f["spread"][name]
             # the quartiles, rounded to 0.1 us as every stored time, around the median
@@ -243,3 +248,12 @@ def test_backward_adds_into_the_parameters_grad_as_training_does() -> None:
     # (1 warm-up + 3 timed runs) x (whole backward + weight half)
     assert layer.weight.grad is not None and reference.weight.grad is not None
     torch.testing.assert_close(layer.weight.grad, 8 * reference.weight.grad)
+
+
+def test_spike_free_mean_leaves_out_spikes_and_keeps_slow_spells() -> None:
+    from planner.profile.means import SPIKE, spike_free_mean
+
+    assert spike_free_mean([1.0, 1.1, 1.2, 9.0]) == pytest.approx(1.1)
+    assert spike_free_mean([1.0, 1.0, 1.4, 1.5]) == pytest.approx(1.225)  # a slow spell
+    assert spike_free_mean([1.0, 1.0, SPIKE]) == pytest.approx((2 + SPIKE) / 3)  # at the edge
+    assert spike_free_mean([0.0, 0.0, 0.0]) == 0.0  # a layer without an input half

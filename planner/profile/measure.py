@@ -81,7 +81,7 @@ from planner.profile.batch_dependence import batch_dependent_modules
 from planner.profile.colocation import Colocation, busy_cores, check_colocate
 from planner.profile.companions import CompanionConfig, Companions, check_companion_memory
 from planner.profile.loader import UserModel, load_model_file
-from planner.profile.means import measured
+from planner.profile.means import measured, spike_free_mean
 from planner.profile.pass_timing import (
     CudaClock,
     CudaMemory,
@@ -551,7 +551,7 @@ def _time_optimizer(
         for maybe in jobs:
             if maybe is not None:
                 maybe.restore_weights()
-    return [_round(statistics.fmean(ms)) if ms else 0.0 for ms in samples]
+    return [_round(spike_free_mean(ms)) if ms else 0.0 for ms in samples]
 
 
 class _OptimizerJob:
@@ -656,7 +656,7 @@ def _timing(
         spread={name: _quartiles(samples[name]) for name in _TIMINGS},
     )
     medians = {name: _round(statistics.median(samples[name])) for name in _TIMINGS}
-    means = {name: _round(statistics.fmean(samples[name])) for name in _TIMINGS}
+    means = {name: _round(spike_free_mean(samples[name])) for name in _TIMINGS}
     measured(timing, medians, means)
     return timing
 
