@@ -57,7 +57,7 @@ from planner.profile.model_check import check_split
 from planner.profile.stack_dump import record_stacks
 from planner.profile.tied import find_tied_parameters
 from planner.records import read_record, record_dict
-from planner.runtime.comm import P2P, RECV_AHEAD_BYTES, cut_specs, message_order
+from planner.runtime.comm import P2P, RECV_AHEAD_BYTES, cut_specs, message_order, p2p_groups
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
 from planner.runtime.measured import CountedCollective, MeasuredEvent, RankResult, RunResult
 from planner.runtime.mesh import refuse_parallel_ties, stage_meshes
@@ -428,6 +428,8 @@ def _executor(
             stages.device_actions, deferred, plan.num_microbatches
         )
     order = message_order(stages.device_actions, plan.stages, placement.rank_of)
+    # NCCL: a group per direction of each pair, created on every rank after those above.
+    groups = p2p_groups(order, placement.backend, rank, device)
     local = placement.devices_of(rank)
     run_dir = Path(config.run_dir)
     executor = ProcessExecutor(
@@ -446,6 +448,7 @@ def _executor(
             threaded=device.type == "cpu" and len(local) > 1,
             ahead_bytes=RECV_AHEAD_BYTES if device.type == "cpu" else 0,
             pieces=reshard.specs if reshard is not None else None,
+            groups=groups,
         ),
         stages.syncs,
         device,
