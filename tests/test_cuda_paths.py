@@ -1,0 +1,60 @@
+"""The runtime's CUDA-only steps, checked on the CPU where their construction allows:
+what a rank runs before training is on the rank's device, tensors handed between the CUDA
+streams of one process are kept from the allocator until their consumer's stream is done,
+and a placement that names more GPUs than the machine has is refused before any process
+starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from planner.plan import parse_stages
+from planner.runtime.placement import place
+from planner.runtime.shards import sharded_cut_specs
+
+
+class _Stage(torch.nn.Module):
+    """A stage that remembers where it was moved and refuses to run before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 3)
+        self.moved_to: list[Any] = []
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        self.moved_to.append(args[0] if args else kwargs.get("device"))
+        return super().to(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        assert self.moved_to, "the stage ran before it was put on the rank's device"
+        return (self.lin(x),)
+
+
+class _Split:
+    def __init__(self) -> None:
+        self.stages = {0: _Stage()}
+
+    def stage(self, first: int, last: int) -> _Stage:
+        return self.stages[first]
+
+
+def test_the_sharded_cut_pass_runs_each_stage_on_the_ranks_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CUDA mesh ``parallelize_module`` moves only the sharded parameters to the GPU;
+    the pass that learns what crosses each cut feeds the stage tensors on the rank's
+    device, so the stage must be there first (on CUDA: mixed devices otherwise)."""
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda box, src, group: None)
+    stages = parse_stages("0:a;1:b")
+    split = _Split()
+    device = torch.device("cpu")
+    specs = sharded_cut_specs(
+        split, stages, [torch.ones(4, 2)], {}, place(stages, "cpu"), 0, group=None,
+        device=device,
+    )  # fmt: skip
+    assert split.stages[0].moved_to == [device]
+    assert [(v.shape, v.dtype) for v in specs[0]] == [((4, 3), torch.float32)] and specs[1] == []
