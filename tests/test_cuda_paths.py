@@ -58,3 +58,29 @@ def test_the_sharded_cut_pass_runs_each_stage_on_the_ranks_device(
     )  # fmt: skip
     assert split.stages[0].moved_to == [device]
     assert [(v.shape, v.dtype) for v in specs[0]] == [((4, 3), torch.float32)] and specs[1] == []
+
+
+def test_tensors_handed_between_streams_are_recorded_on_the_consumers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shared mode on CUDA: a message taken from the mailbox (another local device's
+    outputs, or receive buffers allocated on the default stream) is used on the taker's
+    stream; each tensor is recorded there so the allocator does not reuse its memory
+    before that stream is done with it. One device per process (no side streams): none."""
+    from types import SimpleNamespace
+
+    from planner.runtime.executor import ProcessExecutor
+
+    consumer = object()
+    recorded: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: consumer)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: recorded.append((t, s)))
+    x, g = torch.ones(2), torch.zeros(3)
+    key = ("F", 1, 0)
+    shared = SimpleNamespace(mailbox={key: ((x, 7, None, g), None)}, streams={"a": 1, "b": 2})
+    assert ProcessExecutor._take(shared, "b", key) == (x, 7, None, g)  # type: ignore[arg-type]
+    assert [(t is x or t is g, s) for t, s in recorded] == [(True, consumer)] * 2
+    recorded.clear()
+    alone = SimpleNamespace(mailbox={key: ((x,), None)}, streams={})
+    ProcessExecutor._take(alone, "a", key)  # type: ignore[arg-type]
+    assert recorded == []

@@ -279,6 +279,15 @@ class ProcessExecutor:
         values, event = self.mailbox.pop(key)
         if event is not None:
             torch.cuda.current_stream().wait_event(event)
+        if self.streams:
+            # Shared mode on CUDA: the tensors were made on another stream (a local
+            # device's, or the default one's receive buffers). Freed, the caching allocator
+            # would hand their memory to that stream's next tensor while this stream's
+            # kernels may still read it; record_stream holds it until they are done.
+            stream = torch.cuda.current_stream()
+            for v in values:
+                if isinstance(v, torch.Tensor):
+                    v.record_stream(stream)
         return values
 
     # -- the program of one plan device -----------------------------------------------
