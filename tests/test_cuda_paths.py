@@ -84,3 +84,24 @@ def test_tensors_handed_between_streams_are_recorded_on_the_consumers(
     alone = SimpleNamespace(mailbox={key: ((x,), None)}, streams={})
     ProcessExecutor._take(alone, "a", key)  # type: ignore[arg-type]
     assert recorded == []
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_one_line_before_any_process_starts() -> None:
+    """--device-map naming more ranks than this machine's GPUs (rank r on cuda:r) is
+    refused by the placement; under torchrun a LOCAL_RANK past the host's GPUs is one line
+    in that rank, not CUDA's invalid device ordinal."""
+    from planner.errors import InputError
+    from planner.runtime.worker import _cuda_device
+
+    stages = parse_stages("0:a;1:b;2:c")
+    assert place(stages, "cuda", gpus=2, device_map="a=0,b=1,c=1").world_size == 2
+    assert place(stages, "cuda", gpus=1, device_map="a=0,b=0,c=0").shared
+    with pytest.raises(InputError, match="names 3 ranks.*has 2") as info:
+        place(stages, "cuda", gpus=2, device_map="a=0,b=1,c=2")
+    assert info.value.field == "--device-map"
+    assert place(stages, "cpu", gpus=0, device_map="a=0,b=1,c=2").world_size == 3
+    assert _cuda_device(5, 1, 2) == torch.device("cuda", 1)
+    assert _cuda_device(1, None, 2) == torch.device("cuda", 1)
+    with pytest.raises(InputError, match="cuda:2, but this host has 2") as info:
+        _cuda_device(10, 2, 2)
+    assert info.value.field == "LOCAL_RANK"

@@ -299,8 +299,8 @@ def _init_process(rank: int, config: WorkerConfig, placement: Placement) -> tupl
     env = torchrun_env() if config.init_method in (None, "env://") else None
     if placement.device_type == "cuda":
         local = env.local_rank if env is not None else None
-        device = torch.device("cuda", rank if local is None else local)
-        torch.cuda.set_device(device)
+        device = _cuda_device(rank, local, torch.cuda.device_count())
+        torch.cuda.set_device(device)  # before the process group: NCCL uses this GPU
     else:
         device = torch.device("cpu")
     dist.init_process_group(
@@ -312,6 +312,27 @@ def _init_process(rank: int, config: WorkerConfig, placement: Placement) -> tupl
     )
     control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
     return device, control
+
+
+def _cuda_device(rank: int, local_rank: int | None, count: int) -> Any:
+    """The GPU of ``rank``: ``cuda:LOCAL_RANK`` under torchrun, else ``cuda:rank`` (one
+    host); one line when this host has no such GPU (torchrun's ``--nproc-per-node`` above
+    the GPU count), not CUDA's invalid device ordinal at the first tensor.
+
+    Example::
+
+        _cuda_device(3, None, 8)   # device(type='cuda', index=3)
+    """
+    import torch
+
+    index = rank if local_rank is None else local_rank
+    if index >= count:
+        raise InputError(
+            f"rank {rank} runs on cuda:{index}, but this host has {count} GPUs "
+            "(one process per GPU)",
+            field="LOCAL_RANK" if local_rank is not None else "--device",
+        )
+    return torch.device("cuda", index)
 
 
 def _build_stages(
