@@ -105,3 +105,39 @@ def test_a_rank_without_a_gpu_of_its_own_is_one_line_before_any_process_starts()
     with pytest.raises(InputError, match="cuda:2, but this host has 2") as info:
         _cuda_device(10, 2, 2)
     assert info.value.field == "LOCAL_RANK"
+
+
+def test_a_step_in_shared_mode_ends_on_the_stream_that_ran_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shared mode on CUDA: STEP runs on its device's stream; the event that ends its
+    measured time must be recorded there (on the default stream it would complete at once,
+    the optimizer's kernels still queued on the device's stream)."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from planner.runtime.executor import ProcessExecutor
+
+    current = ["default"]
+
+    @contextlib.contextmanager
+    def stream(s: str) -> Iterator[None]:
+        current.append(s)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    ran: list[str] = []
+    marks: list[tuple[str, str]] = []
+    ex = object.__new__(ProcessExecutor)
+    ex.arrived, ex.done, ex.local_replicas = {}, {}, {0: 1}
+    ex.streams, ex.device, ex.heartbeat = {"a": "side-a"}, torch.device("cpu"), None
+    ex.steppers = {0: type("Step", (), {"step": lambda self, it: ran.append(current[-1])})()}
+    ex.clock = type(
+        "Clock", (), {"now": lambda self: current[-1], "add": lambda self, *a: marks.append(a[4:6])}
+    )()
+    list(ex._step("a", 0))
+    assert ran == ["side-a"] and marks == [("default", "side-a")]

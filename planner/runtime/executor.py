@@ -580,7 +580,9 @@ class ProcessExecutor:
                     self.steppers[s].skip(key[2])
                 else:
                     self.steppers[s].step(key[2])
-            self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
+                # On CUDA the end is an event on the stream that ran the step (shared mode:
+                # the device's own; recorded on the default stream it ended at once).
+                self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
             self._sync_streams()  # the new weights, before any stream uses them
             self.done[key] = True
             if self.heartbeat is not None:
