@@ -17,13 +17,17 @@ the GPU: per rank, one FIFO per (process group, pair of ranks); a send and its r
 complete together when both head their FIFOs and everything the rank waited for before
 posting them (its earlier receives) has completed. The hosts are modelled too: each rank
 walks its streams in the order it first touches them, and a stream's communicator exists
-once both ranks have reached it.
+once both ranks have reached it. Three real processes (gloo) then carry a 1F1B step's
+messages on the groups a NCCL run creates.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +226,65 @@ def test_p2p_groups_are_nccl_only_one_per_direction(monkeypatch: pytest.MonkeyPa
     groups = p2p_groups(order, "nccl", 2)  # every rank: the same groups, in one order
     assert groups == {(0, 1): (0, 0, 1), (1, 0): (1, 0, 1), (1, 2): (2, 1, 2)}
     assert [(o.kind, o.peer, o.stream[0]) for o in ranks[2].ops] == [("recv", 1, (2, 1, 2))]
+
+
+_RANK_SCRIPT = """
+import sys, datetime
+import torch, torch.distributed as dist
+from planner.plan import parse_stages
+from planner.runtime.comm import P2P, ValueSpec, message_key, message_order, p2p_groups
+from planner.schedule import ActionType, build_schedule
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=3, timeout=datetime.timedelta(seconds=60))
+stages = parse_stages("0:a;1:b;2:c")
+devices = build_schedule("1f1b", stages, 4).devices
+rank_of = {d: i for i, d in enumerate(devices)}
+order = message_order(devices, stages, rank_of)
+groups = p2p_groups(order, "nccl", rank, torch.device("cpu"))  # NCCL's groups, on gloo
+spec = ValueSpec(True, (2, 2), torch.float32)
+p2p = P2P(rank, order, [[spec], [spec], []], torch.device("cpu"), groups=groups)
+code = lambda key: (1 if key[0] == "F" else 2) * 100 + key[1] * 10 + key[2]
+p2p.prefetch()
+dev = [d for d, r in rank_of.items() if r == rank][0]
+for a in devices[dev]:
+    if a.kind in (ActionType.SEND_ACT, ActionType.SEND_GRAD):
+        key = message_key(a)
+        p2p.send(key, rank_of[a.peer], [torch.full((2, 2), float(code(key)))])
+    elif a.kind in (ActionType.RECV_ACT, ActionType.RECV_GRAD):
+        key = message_key(a)
+        pending = p2p.recv(key, rank_of[a.peer])
+        pending.wait()
+        assert pending.buffers[0].eq(code(key)).all(), (rank, key, pending.buffers[0])
+p2p.finish()
+dist.barrier()
+dist.destroy_process_group()
+print("ok", rank, len(groups))
+"""
+
+
+def test_the_groups_per_direction_carry_a_pipelines_messages_on_real_processes(
+    tmp_path: Path,
+) -> None:
+    """Three processes (gloo; the groups NCCL runs get): p2p_groups' groups and first
+    messages, then one 1F1B step's activations and gradients through P2P on them, each
+    message arriving where its receive expects it."""
+    from planner.runtime.launch import free_port, worker_env
+
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=worker_env(),
+        )
+        for r in range(3)
+    ]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0 and f"ok {r} 4" in out, out[-2000:]
