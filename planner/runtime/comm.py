@@ -49,6 +49,7 @@ __all__ = [
     "cut_specs",
     "message_key",
     "message_order",
+    "p2p_groups",
     "value_spec",
 ]
 
@@ -212,6 +213,49 @@ def message_order(
     return order
 
 
+def p2p_groups(
+    order: Mapping[tuple[int, int], Sequence[MessageKey]],
+    backend: str,
+    rank: int,
+    device: Any = None,
+) -> dict[tuple[int, int], Any]:
+    """NCCL: one process group per direction of every pair of ranks that exchange messages
+    (``order``'s keys, ``(src, dst)``), created on every rank in one order; gloo: none.
+
+    torch runs every unbatched ``isend``/``irecv`` between two ranks on one NCCL stream of
+    that pair, both directions alike, and a queued receive holds that stream until its
+    message arrives. A rank that posted a receive from its neighbour (ahead of need, as
+    :class:`P2P` does) and then sends to it would queue the send behind the receive while
+    the neighbour's send waits behind its own receive of that message: a deadlock on the
+    GPU that gloo (no streams) never shows. With a group per direction, a rank's sends to
+    ``dst`` and its receives from ``dst`` run on streams of their own, and each stream
+    carries one direction's messages in the canonical order on both sides.
+
+    torch creates a group's NCCL communicator at its first send or receive, and both ranks
+    block there until the other arrives; ranks that first touched their groups in the order
+    their programs post (each its own) could wait for each other in a circle. So each group
+    carries one element from ``src`` to ``dst`` (on ``device``) here, the pairs in one
+    order on every rank.
+
+    Example::
+
+        groups = p2p_groups(order, "nccl", rank, device)   # {(0, 1): group, (1, 0): group}
+        P2P(rank, order, specs, device, groups=groups)
+    """
+    if backend != "nccl":
+        return {}
+    import torch
+    import torch.distributed as dist
+
+    groups = {pair: dist.new_group(sorted(pair)) for pair in sorted(order)}
+    for (src, dst), group in groups.items():
+        if rank == src:
+            dist.send(torch.zeros(1, device=device), dst, group=group)
+        elif rank == dst:
+            dist.recv(torch.zeros(1, device=device), src, group=group)
+    return groups
+
+
 def message_key(action: Action) -> MessageKey:
     """The message a send or receive action moves, named by the stage that receives it.
 
@@ -294,7 +338,9 @@ class P2P:
     ``ahead_bytes``, and returns a handle with ``ready()``/``wait()``; ``finish`` waits for
     every send of the step. ``specs[s]`` are the values stage ``s`` sends on (from
     :func:`cut_specs`); ``pieces[(kind, stage, peer)]`` the tensors of the messages of a
-    resharded cut exchanged with rank ``peer`` (:mod:`planner.runtime.reshard`).
+    resharded cut exchanged with rank ``peer`` (:mod:`planner.runtime.reshard`);
+    ``groups[(src, dst)]`` the process group of that direction (:func:`p2p_groups`; absent:
+    the default group).
     """
 
     def __init__(
@@ -307,8 +353,10 @@ class P2P:
         threaded: bool = False,
         ahead_bytes: int = 0,
         pieces: Mapping[tuple[str, int, int], list[ValueSpec]] | None = None,
+        groups: Mapping[tuple[int, int], Any] | None = None,
     ):
         self.rank = rank
+        self.groups = groups or {}
         self.pieces = pieces or {}
         self.threaded = threaded
         self.ahead_bytes = ahead_bytes
@@ -351,7 +399,7 @@ class P2P:
         while i < len(keys) and (dst, keys[i]) in self.held:
             for t in self.held.pop((dst, keys[i])):
                 t = t.contiguous()
-                self.send_works.append((dist.isend(t, dst), t))
+                self.send_works.append((dist.isend(t, dst, **self._group(self.rank, dst)), t))
             i += 1
         self.out_next[dst] = i
 
@@ -389,6 +437,11 @@ class P2P:
                     self._post(src, i + 1)
                     more = True
 
+    def _group(self, src: int, dst: int) -> dict[str, Any]:
+        """``group=`` for the messages from ``src`` to ``dst`` (none: the default group)."""
+        group = self.groups.get((src, dst))
+        return {} if group is None else {"group": group}
+
     def _bytes(self, key: MessageKey, src: int) -> int:
         return sum(_spec_bytes(s) for s in self.specs_of(key, src))
 
@@ -401,7 +454,7 @@ class P2P:
         while i < min(upto, len(keys)):
             specs = self.specs_of(keys[i], src)
             bufs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs]
-            works = [dist.irecv(b, src) for b in bufs]
+            works = [dist.irecv(b, src, **self._group(src, self.rank)) for b in bufs]
             pending = Pending(works, bufs, threaded=self.threaded)
             self.posted[(src, keys[i])] = pending
             self.posted_bytes += pending.nbytes

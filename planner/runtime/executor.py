@@ -279,6 +279,15 @@ class ProcessExecutor:
         values, event = self.mailbox.pop(key)
         if event is not None:
             torch.cuda.current_stream().wait_event(event)
+        if self.streams:
+            # Shared mode on CUDA: the tensors were made on another stream (a local
+            # device's, or the default one's receive buffers). Freed, the caching allocator
+            # would hand their memory to that stream's next tensor while this stream's
+            # kernels may still read it; record_stream holds it until they are done.
+            stream = torch.cuda.current_stream()
+            for v in values:
+                if isinstance(v, torch.Tensor):
+                    v.record_stream(stream)
         return values
 
     # -- the program of one plan device -----------------------------------------------
@@ -571,7 +580,9 @@ class ProcessExecutor:
                     self.steppers[s].skip(key[2])
                 else:
                     self.steppers[s].step(key[2])
-            self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
+                # On CUDA the end is an event on the stream that ran the step (shared mode:
+                # the device's own; recorded on the default stream it ended at once).
+                self.clock.add(dev, "STEP", s, -1, t0, self.clock.now(), key[2])
             self._sync_streams()  # the new weights, before any stream uses them
             self.done[key] = True
             if self.heartbeat is not None:

@@ -151,13 +151,16 @@ def place(
             raise InputError(
                 f"names {n} ranks but the job has WORLD_SIZE={world_size}", field="--device-map"
             )
+        if device == "cuda" and world_size is None and n > (gpus := _local_gpus(gpus)):
+            raise InputError(
+                f"names {n} ranks, one GPU each (rank r on cuda:r), but this machine has "
+                f"{gpus}; put several plan devices on one rank",
+                field="--device-map",
+            )
         return Placement(devices, rank_of, n, device)
     if world_size is None:
         if device == "cuda":
-            if gpus is None:
-                import torch
-
-                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            gpus = _local_gpus(gpus)
             if gpus < 1:
                 raise InputError("no CUDA device is available; use --device cpu", field="--device")
             world_size = min(gpus, len(devices))
@@ -172,3 +175,12 @@ def place(
     p = len(devices)
     rank_of = {d: i * world_size // p for i, d in enumerate(devices)}
     return Placement(devices, rank_of, world_size, device)
+
+
+def _local_gpus(gpus: int | None) -> int:
+    """``gpus``, or the number of CUDA devices torch sees here when None."""
+    if gpus is not None:
+        return gpus
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

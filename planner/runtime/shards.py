@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from planner.errors import InputError
+from planner.profile.split import retarget_device
 from planner.profile.tensor_parallel import capture_for_plan, shard_captured
 from planner.runtime.comm import ValueSpec, value_spec
 from planner.tensors import to_device
@@ -120,8 +121,10 @@ def sharded_cut_specs(
     """``specs[s]``: the values member ``i`` of stage ``s`` hands to member ``i`` of stage
     ``s + 1`` (``i``: this rank's place in its groups), found by one pass of ``inputs`` (a
     microbatch) through the pipeline without gradients: the first replica of each stage
-    computes it (its group together), and broadcasts each member's outputs over ``group``
-    (every rank, gloo). Runs under the caller's autocast, so the dtypes are the stages'.
+    computes it (its group together) on ``device`` (the stage moved there, as the run
+    holds it: ``parallelize_module`` moved only the sharded parameters to a CUDA mesh's
+    device), and broadcasts each member's outputs over ``group`` (every rank, gloo). Runs
+    under the caller's autocast, so the dtypes are the stages'.
     With ``reshard`` (a plan with resharded cuts) the pass tracks which values depend on
     the weights (autograd), has ``reshard`` learn each resharded cut
     (:meth:`~planner.runtime.reshard.Reshard.learn`), and hands each stage what its
@@ -145,7 +148,9 @@ def sharded_cut_specs(
         members = [placement.rank_of[d] for d in st.replica_groups[0]]
         result: Any = None
         if rank in members:
-            result = _stage_pass(split.stage(st.first, st.last), values, flags)
+            module = split.stage(st.first, st.last).to(device)
+            retarget_device(module, device)
+            result = _stage_pass(module, values, flags)
         handed: list[Any] = []
         for src in members:
             box = [result if rank == src else None]

@@ -57,7 +57,7 @@ from planner.profile.model_check import check_split
 from planner.profile.stack_dump import record_stacks
 from planner.profile.tied import find_tied_parameters
 from planner.records import read_record, record_dict
-from planner.runtime.comm import P2P, RECV_AHEAD_BYTES, cut_specs, message_order
+from planner.runtime.comm import P2P, RECV_AHEAD_BYTES, cut_specs, message_order, p2p_groups
 from planner.runtime.environment import FAULT_ENV, parse_fault, torchrun_env
 from planner.runtime.measured import CountedCollective, MeasuredEvent, RankResult, RunResult
 from planner.runtime.mesh import refuse_parallel_ties, stage_meshes
@@ -299,8 +299,8 @@ def _init_process(rank: int, config: WorkerConfig, placement: Placement) -> tupl
     env = torchrun_env() if config.init_method in (None, "env://") else None
     if placement.device_type == "cuda":
         local = env.local_rank if env is not None else None
-        device = torch.device("cuda", rank if local is None else local)
-        torch.cuda.set_device(device)
+        device = _cuda_device(rank, local, torch.cuda.device_count())
+        torch.cuda.set_device(device)  # before the process group: NCCL uses this GPU
     else:
         device = torch.device("cpu")
     dist.init_process_group(
@@ -312,6 +312,27 @@ def _init_process(rank: int, config: WorkerConfig, placement: Placement) -> tupl
     )
     control = dist.new_group(backend="gloo") if placement.backend != "gloo" else None
     return device, control
+
+
+def _cuda_device(rank: int, local_rank: int | None, count: int) -> Any:
+    """The GPU of ``rank``: ``cuda:LOCAL_RANK`` under torchrun, else ``cuda:rank`` (one
+    host); one line when this host has no such GPU (torchrun's ``--nproc-per-node`` above
+    the GPU count), not CUDA's invalid device ordinal at the first tensor.
+
+    Example::
+
+        _cuda_device(3, None, 8)   # device(type='cuda', index=3)
+    """
+    import torch
+
+    index = rank if local_rank is None else local_rank
+    if index >= count:
+        raise InputError(
+            f"rank {rank} runs on cuda:{index}, but this host has {count} GPUs "
+            "(one process per GPU)",
+            field="LOCAL_RANK" if local_rank is not None else "--device",
+        )
+    return torch.device("cuda", index)
 
 
 def _build_stages(
@@ -428,6 +449,8 @@ def _executor(
             stages.device_actions, deferred, plan.num_microbatches
         )
     order = message_order(stages.device_actions, plan.stages, placement.rank_of)
+    # NCCL: a group per direction of each pair, created on every rank after those above.
+    groups = p2p_groups(order, placement.backend, rank, device)
     local = placement.devices_of(rank)
     run_dir = Path(config.run_dir)
     executor = ProcessExecutor(
@@ -446,6 +469,7 @@ def _executor(
             threaded=device.type == "cpu" and len(local) > 1,
             ahead_bytes=RECV_AHEAD_BYTES if device.type == "cpu" else 0,
             pieces=reshard.specs if reshard is not None else None,
+            groups=groups,
         ),
         stages.syncs,
         device,
