@@ -510,7 +510,9 @@ CALIBRATION_ROW = "145.6B"
 # same plan, iteration (36,992.88 ms) and vs_megatron 1.069 as --all-ptdp's 12:25 run;
 # 1008B after: 352.1 s CPU (352.1 s wall, load 1.0-1.5), peak RSS 4,675 MB, the same plan,
 # iteration (99,971.41 ms) and vs_megatron 1.137: still over ~4 GB, from its last ~20 CPU
-# s (3.3 GB at 328 s, then the end of the solve; not yet traced). The
+# s (3.3 GB at 328 s; then the tie-break, planner/solve/ties.py choose_plan, simulates a
+# band plan again through Search.result_of: every device's action list expanded, the tied
+# steps deferred and the compiled shapes, +1.3 GB; stacks sampled, 2026-11-28). The
 # mesh grid alone (before the first simulation): 529.6B 2,847 -> 1,047 MB, 1008B 2,764 ->
 # 994 MB, 310.1B 2,056 -> 878 MB, the same shapes and cuts.
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B")
