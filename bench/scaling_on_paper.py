@@ -501,7 +501,20 @@ CALIBRATION_ROW = "145.6B"
 # 2,520 x 1, recompute on 99 of 105 chunks, vs_megatron 1.145; peak RSS 5.23 GB (2.8 GB
 # within the first 20 CPU s, the mesh grid's DP cuts; orders and compiled shapes of 2,520
 # microbatches next; ~4.5 GB through the peers, ~5.2 GB at the end): over the default
-# bench's ~4 GB and 5 minutes, so --all only.
+# bench's ~4 GB and 5 minutes, so --all only. With the chain DP's tables at one byte a cell
+# per microbatches held (planner/partition/dp.py; 2026-11-28, this 2-core VM shared with
+# other agents, load 1-5 and processes paused for minutes; the solve alone, profile and
+# cluster as here, time.process_time and getrusage's peak RSS): 529.6B 370.0 -> 362.1 s
+# CPU, peak RSS 5,415 -> 3,615 MB, the same plan, iteration (52,155.46 ms) and vs_megatron
+# 1.145. 310.1B after: 239.0 s CPU (269.6 s wall, load 1.6-1.7), peak RSS 2,652 MB, the
+# same plan, iteration (36,992.88 ms) and vs_megatron 1.069 as --all-ptdp's 12:25 run;
+# 1008B after: 352.1 s CPU (352.1 s wall, load 1.0-1.5), peak RSS 4,675 MB, the same plan,
+# iteration (99,971.41 ms) and vs_megatron 1.137: still over ~4 GB, from its last ~20 CPU
+# s (3.3 GB at 328 s; then the tie-break, planner/solve/ties.py choose_plan, simulates a
+# band plan again through Search.result_of: every device's action list expanded, the tied
+# steps deferred and the compiled shapes, +1.3 GB; stacks sampled, 2026-11-28). The
+# mesh grid alone (before the first simulation): 529.6B 2,847 -> 1,047 MB, 1008B 2,764 ->
+# 994 MB, 310.1B 2,056 -> 878 MB, the same shapes and cuts.
 PTDP_DEFAULT_SOLVES = ("1.7B", "3.6B", "7.5B", "18.4B", "39.1B", "76.1B", "145.6B")
 TOLERANCE = 0.10  # the bound on |simulated / published - 1|
 

@@ -38,6 +38,9 @@ __all__ = [
     "ChainPartition",
     "LayerCosts",
     "Linear",
+    "NO_FIT",
+    "PLAIN",
+    "RECOMPUTE",
     "Slot",
     "layer_costs",
     "partition_chain",
@@ -175,11 +178,20 @@ class ChainPartition:
     stage_ms: list[float]
 
 
+# What a stage of layers i..j is on a slot with so many microbatches held: it does not fit,
+# it fits as it is, or it fits with recompute (:meth:`_Tables.fits`). One byte a cell, so
+# that the tables of a big sweep (the mesh grid of PTD-P 529.6B: 20,464 of them over 716
+# slot kinds) hold 11 KB each, not the 103 KB of a float matrix and its recompute mask.
+NO_FIT, PLAIN, RECOMPUTE = 0, 1, 2
+
+
 class _Tables:
     """What a stage of layers ``i..j`` costs on one kind of slot, for every ``(i, j)``.
 
     Everything but the in-flight count and the outgoing link is fixed per slot kind, so it
-    is computed once and cached on the :class:`LayerCosts`.
+    is computed once and cached on the :class:`LayerCosts`; per microbatches held only
+    which cells fit, and how, is kept (:meth:`fits`), the times read from them
+    (:meth:`ms`, :meth:`ms_at`).
     """
 
     def __init__(
@@ -210,33 +222,62 @@ class _Tables:
         self.t_off = (fwd + bwd) / (slot.speed * r) + extra
         self.t_on = self.t_off + fwd / (slot.speed * r)
         # The DP asks for the same (held, recompute) many times across depths and shapes.
-        self._costs: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
+        self._fits: dict[tuple[int, bool], np.ndarray] = {}
 
-    def cost(self, in_flight: int, allow_recompute: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``(C, recompute)``: per-microbatch cost (inf = does not fit) and where recompute
-        is what makes it fit (read-only arrays, computed once per microbatches held)."""
+    def fits(self, in_flight: int, allow_recompute: bool) -> np.ndarray:
+        """Per ``(i, j)``: :data:`NO_FIT`, :data:`PLAIN` or :data:`RECOMPUTE` (recompute is
+        what makes it fit) with ``in_flight`` microbatches in the stage; a read-only int8
+        array, computed once per microbatches held.
+
+        Example::
+
+            table.fits(4, True)[0, 5]   # 2: layers 0..5 fit with recompute
+        """
         # Replicas take microbatches round robin, so each stashes its share of the stage's.
         held = -(-in_flight // self.replicas)
         key = (held, allow_recompute)
-        hit = self._costs.get(key)
+        hit = self._fits.get(key)
         if hit is None:
-            hit = self._costs[key] = self._cost(held, allow_recompute)
+            hit = self._fits[key] = self._fit(held, allow_recompute)
         return hit
 
-    def _cost(self, held: int, allow_recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _fit(self, held: int, allow_recompute: bool) -> np.ndarray:
         mem_off = self.base + held * self.saved
         fits = mem_off <= self.limit
-        cost = np.where(fits & self.valid, self.t_off, _INF)
-        recompute = np.zeros(cost.shape, dtype=bool)
+        kind = np.where(fits & self.valid, PLAIN, NO_FIT).astype(np.int8)
         if allow_recompute:
             whole = held * self.inputs + (self.saved if held > 0 else 0.0)
             each = held * self.layer_inputs + (self.rebuilt if held > 0 else 0.0)
             mem_on = self.base + np.minimum(whole, each)
-            recompute = ~fits & (mem_on <= self.limit) & self.valid
-            cost = np.where(recompute, self.t_on, cost)
-        cost.setflags(write=False)
-        recompute.setflags(write=False)
-        return cost, recompute
+            kind[~fits & (mem_on <= self.limit) & self.valid] = RECOMPUTE
+        kind.setflags(write=False)
+        return kind
+
+    def ms(self, kind: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The per-microbatch cost of the stages starting and ending in ``lo .. hi - 1``
+        (all by default) of :meth:`fits`'s ``kind``: inf where it does not fit, the time
+        with recompute where recompute makes it fit.
+
+        Example::
+
+            table.ms(table.fits(4, True), 2, 9)   # 7 x 7 ms
+        """
+        cells = (slice(lo, hi), slice(lo, hi))
+        k = kind[cells]
+        plain = np.where(k == PLAIN, self.t_off[cells], _INF)
+        return np.where(k == RECOMPUTE, self.t_on[cells], plain)
+
+    def ms_at(self, kind: np.ndarray, i: int, j: int) -> float:
+        """:meth:`ms` of the one stage of layers ``i..j``.
+
+        Example::
+
+            table.ms_at(table.fits(4, True), 0, 5)   # ms, or inf
+        """
+        k = int(kind[i, j])
+        if k == RECOMPUTE:
+            return float(self.t_on[i, j])
+        return float(self.t_off[i, j]) if k == PLAIN else _INF
 
 
 def _tables(costs: LayerCosts, slot: Slot, weight_versions: int, num_microbatches: int) -> _Tables:
@@ -286,16 +327,16 @@ def partition_chain(
     # the same as over the whole matrix (the answers are identical to the full DP's).
     value = np.full(n, _INF)  # value[j]: best bottleneck of layers 0..j in k+1 stages
     choice: list[np.ndarray] = []
-    mats: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+    mats: list[tuple[_Tables, np.ndarray, np.ndarray | None]] = []
     for k, slot in enumerate(slots):
         table = _tables(costs, slot, weight_versions, num_microbatches)
-        cost, rc = table.cost(in_flight[k], allow_recompute)
+        kind = table.fits(in_flight[k], allow_recompute)
         row = None
         if links is not None and k < s_count - 1:
             row = np.asarray(links[k](costs.cut_bytes))
-        mats.append((cost, rc, row))
+        mats.append((table, kind, row))
         lo, hi = k, n - s_count + k + 1  # rows and columns lo .. hi - 1
-        sub = cost[lo:hi, lo:hi]
+        sub = table.ms(kind, lo, hi)
         if row is not None:
             sub = sub + row[None, lo:hi]
         if k == 0:
@@ -322,9 +363,10 @@ def partition_chain(
     ranges.reverse()
     recompute = []
     stage_ms = []
-    for (a, b), (cost, rc, row) in zip(ranges, mats, strict=True):
-        recompute.append(bool(rc[a, b]))
-        stage_ms.append(float(cost[a, b] + row[b]) if row is not None else float(cost[a, b]))
+    for (a, b), (table, kind, row) in zip(ranges, mats, strict=True):
+        recompute.append(bool(kind[a, b] == RECOMPUTE))
+        ms = table.ms_at(kind, a, b)
+        stage_ms.append(float(ms + row[b]) if row is not None else ms)
     return ChainPartition(
         ranges=ranges,
         recompute=recompute,
@@ -362,12 +404,13 @@ def partition_chain_depths(
     top = min(max_stages, n)
     table = _tables(costs, slot, weight_versions, num_microbatches)
     link_row = np.asarray(link(costs.cut_bytes)) if link is not None else np.zeros(n)
-    mats: list[tuple[np.ndarray, np.ndarray]] = []
+    kinds: list[np.ndarray] = []
     args: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for q in range(top):
-        cost, rc = table.cost(in_flight_from_end[q], allow_recompute)
-        mats.append((cost, rc))
+        kind = table.fits(in_flight_from_end[q], allow_recompute)
+        kinds.append(kind)
+        cost = table.ms(kind)
         if q == 0:
             values.append(cost[:, n - 1].copy())
             args.append(np.full(n, n - 1))
@@ -389,9 +432,9 @@ def partition_chain_depths(
         for q in range(s - 1, -1, -1):
             end = int(args[q][start])
             ranges.append((start, end))
-            flags.append(bool(mats[q][1][start, end]))
+            flags.append(bool(kinds[q][start, end] == RECOMPUTE))
             extra = float(link_row[end]) if q > 0 else 0.0
-            stage_ms.append(float(mats[q][0][start, end]) + extra)
+            stage_ms.append(table.ms_at(kinds[q], start, end) + extra)
             start = end + 1
         out.append(
             ChainPartition(
