@@ -23,11 +23,13 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 
+from planner.cost import stage_times
 from planner.errors import InputError
 from planner.plan import Plan, StageSpec
 from planner.profile.schema import LayerTiming, Profile
 from planner.profile.settings import Calibration
 from planner.profile.sharding import ShardTiming, shard_key
+from planner.simulate.shards import shard_view
 
 __all__ = ["calibrated_profile", "stage_compute_ms", "stage_ratios"]
 
@@ -71,32 +73,29 @@ def stage_ratios(
         got_b = stage_ms.get(f"B{stage.id}")
         if got_b is None and f"I{stage.id}" in stage_ms:
             got_b = stage_ms[f"I{stage.id}"] + stage_ms.get(f"W{stage.id}", 0.0)
-            bwd = _split_backward_ms(profile, stage, span, bwd)
-        bwd += fwd if stage.recompute else 0.0
+            bwd = _split_backward_ms(profile, stage, plan.microbatch_size)
+        else:
+            bwd += fwd if stage.recompute else 0.0
         rf = got_f / fwd if got_f is not None and fwd > 0 else 1.0
         rb = got_b / bwd if got_b is not None and bwd > 0 else 1.0
         out[stage.id] = (rf, rb)
     return out
 
 
-def _split_backward_ms(
-    profile: Profile, stage: StageSpec, span: list[LayerTiming | ShardTiming], whole_ms: float
-) -> float:
-    """What a zero-bubble run's ``I`` and ``W`` of ``stage`` were predicted to take together:
-    the layers' profiled halves (torch's split backward costs more than the whole one on
-    small layers), or the whole backward where the runtime runs it as ``I`` (the first
-    stage, a recompute stage, a stage without weights, a profile without halves), as
-    :func:`planner.cost.stage_times` predicts them.
+def _split_backward_ms(profile: Profile, stage: StageSpec, microbatch_size: int) -> float:
+    """What a zero-bubble run's ``I`` and ``W`` of ``stage`` were predicted to take together,
+    by the simulator's own cost model (:func:`planner.cost.stage_times` on the stage's shard
+    view): the layers' profiled halves, or the whole backward where the runtime runs it as
+    ``I`` (the first stage, a recompute stage with its forward again, a stage without
+    weights, a profile without halves).
 
     Example::
 
-        _split_backward_ms(profile, plan.stages[1], span, 4.0)   # 5.2: I + W of the layers
+        _split_backward_ms(profile, plan.stages[1], 4)   # 5.2: I + W of the layers
     """
-    halves = sum(t.backward_input_ms + t.backward_weight_ms for t in span)
-    params = sum(layer.param_bytes for layer in profile.layers[stage.first : stage.last + 1])
-    if halves <= 0.0 or stage.first == 0 or stage.recompute or params == 0:
-        return whole_ms
-    return halves
+    view = shard_view(profile, stage)
+    t = stage_times(view, stage.first, stage.last, microbatch_size, recompute=stage.recompute)
+    return t.input_grad_ms + t.weight_grad_ms
 
 
 def _timing(layer: LayerTiming, stage: StageSpec) -> LayerTiming | ShardTiming:
